@@ -1,0 +1,1 @@
+//! Raw syscalls for the in-sandbox test probe (feature `probe`).

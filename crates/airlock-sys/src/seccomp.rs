@@ -1,0 +1,1 @@
+//! Seccomp: compiling the policy in `policy/seccomp.json` and installing it.

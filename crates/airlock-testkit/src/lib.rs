@@ -1,0 +1,1 @@
+//! airlock-testkit: dev-only helpers for tests.
