@@ -1,0 +1,112 @@
+//! The one interface every backend implements.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ErrorKind;
+use crate::job::JobSpec;
+use crate::observation::RunReport;
+
+/// A boxed, sendable future (keeps [`Backend`] object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Which backend ran a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Linux namespaces, seccomp and cgroups, no daemon.
+    Native,
+    /// The Docker Engine API with runc.
+    Docker,
+    /// Podman's Docker-compatible API.
+    Podman,
+    /// Docker with the runsc (gVisor) runtime.
+    Gvisor,
+    /// A Pod per job on Kubernetes.
+    Kube,
+}
+
+impl BackendKind {
+    /// The wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Native => "native",
+            BackendKind::Docker => "docker",
+            BackendKind::Podman => "podman",
+            BackendKind::Gvisor => "gvisor",
+            BackendKind::Kube => "kube",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(match text {
+            "native" => BackendKind::Native,
+            "docker" => BackendKind::Docker,
+            "podman" => BackendKind::Podman,
+            "gvisor" => BackendKind::Gvisor,
+            "kube" => BackendKind::Kube,
+            other => {
+                return Err(format!(
+                    "unknown backend {other:?} (native, docker, podman, gvisor, kube)"
+                ));
+            }
+        })
+    }
+}
+
+/// What a backend can do on this host, for `airlock doctor` and for refusing requests early.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Whether the egress proxy mode is available.
+    pub network_proxy: bool,
+    /// Whether `/out` is available.
+    pub out_dir: bool,
+    /// Whether OCI image rootfs is available.
+    pub image_rootfs: bool,
+}
+
+/// A backend's failure to run a job (not the job's own failure).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BackendError {
+    /// Its public class.
+    pub kind: ErrorKind,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl BackendError {
+    /// A new error.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Runs jobs in sandboxes. One trait for every backend; one conformance suite checks them.
+pub trait Backend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// What it supports here.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Runs one job in a fresh sandbox and destroys the sandbox before returning.
+    fn run<'a>(&'a self, job: &'a JobSpec) -> BoxFuture<'a, Result<RunReport, BackendError>>;
+}

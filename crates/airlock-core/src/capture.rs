@@ -1,0 +1,174 @@
+//! Bounded output capture (DESIGN S7): keep the first N bytes of a stream, count the rest,
+//! and render what was kept as text that is safe to show a terminal or a model.
+
+/// Keeps at most `keep` bytes of a stream and counts every byte seen.
+///
+/// Memory use is bounded by `keep` whatever the stream's length.
+#[derive(Debug, Clone)]
+pub struct BoundedCapture {
+    kept: Vec<u8>,
+    keep: usize,
+    total: u64,
+}
+
+impl BoundedCapture {
+    /// A capture that keeps the first `keep` bytes.
+    pub fn new(keep: usize) -> Self {
+        Self {
+            kept: Vec::with_capacity(keep.min(64 * 1024)),
+            keep,
+            total: 0,
+        }
+    }
+
+    /// Records a chunk of the stream.
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.total = self.total.saturating_add(chunk.len() as u64);
+        let room = self.keep.saturating_sub(self.kept.len());
+        if room > 0 {
+            let take = room.min(chunk.len());
+            self.kept.extend_from_slice(&chunk[..take]);
+        }
+    }
+
+    /// Bytes seen so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The result.
+    pub fn finish(self) -> CapturedOutput {
+        CapturedOutput {
+            truncated: self.total > self.kept.len() as u64,
+            kept: self.kept,
+            total_bytes: self.total,
+        }
+    }
+}
+
+/// What a [`BoundedCapture`] kept of one stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapturedOutput {
+    /// The first bytes of the stream.
+    pub kept: Vec<u8>,
+    /// Every byte the stream produced.
+    pub total_bytes: u64,
+    /// Whether bytes were dropped.
+    pub truncated: bool,
+}
+
+/// Renders captured bytes as text that cannot drive a terminal.
+///
+/// `\n` and `\t` pass through. Other C0 controls, DEL and invalid UTF-8 bytes become
+/// `\xHH`; C1 controls (U+0080..U+009F, which terminals also obey) become `\u{HH}`. When the
+/// capture was truncated in the middle of a UTF-8 sequence, the incomplete tail is dropped
+/// (the `truncated` flag already says bytes are missing).
+pub fn render_text(bytes: &[u8], truncated: bool) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    let mut chunks = bytes.utf8_chunks().peekable();
+    while let Some(chunk) = chunks.next() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\n' | '\t' => out.push(c),
+                c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                    out.push_str(&format!("\\x{:02x}", c as u32));
+                }
+                c if (0x80..=0x9f).contains(&(c as u32)) => {
+                    out.push_str(&format!("\\u{{{:02x}}}", c as u32));
+                }
+                c => out.push(c),
+            }
+        }
+        let invalid = chunk.invalid();
+        let is_cut_tail = truncated && chunks.peek().is_none() && is_incomplete_tail(invalid);
+        if !is_cut_tail {
+            for b in invalid {
+                out.push_str(&format!("\\x{b:02x}"));
+            }
+        }
+    }
+    out
+}
+
+/// True when `bytes` is the start of a multi-byte UTF-8 sequence that was cut short.
+fn is_incomplete_tail(bytes: &[u8]) -> bool {
+    if bytes.is_empty() {
+        return false;
+    }
+    let need = match bytes[0] {
+        0xc2..=0xdf => 2,
+        0xe0..=0xef => 3,
+        0xf0..=0xf4 => 4,
+        _ => return false,
+    };
+    bytes.len() < need && bytes[1..].iter().all(|b| (0x80..=0xbf).contains(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn capture_keeps_the_head_and_counts_the_rest() {
+        let mut c = BoundedCapture::new(5);
+        c.push(b"hel");
+        c.push(b"lo world");
+        c.push(b"!");
+        assert_eq!(c.total(), 12);
+        let out = c.finish();
+        assert_eq!(out.kept, b"hello");
+        assert_eq!(out.total_bytes, 12);
+        assert!(out.truncated);
+    }
+
+    #[test]
+    fn capture_of_exactly_the_limit_is_not_truncated() {
+        let mut c = BoundedCapture::new(5);
+        c.push(b"hello");
+        let out = c.finish();
+        assert!(!out.truncated);
+    }
+
+    #[test]
+    fn zero_keep_counts_only() {
+        let mut c = BoundedCapture::new(0);
+        c.push(b"abc");
+        let out = c.finish();
+        assert_eq!(out.kept, b"");
+        assert!(out.truncated);
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(render_text(b"a\tb\nc", false), "a\tb\nc");
+        assert_eq!(
+            render_text(b"\x1b[31mred\x07\x08\r", false),
+            "\\x1b[31mred\\x07\\x08\\x0d"
+        );
+        assert_eq!(render_text(b"\x7f", false), "\\x7f");
+        assert_eq!(render_text("\u{9b}2J".as_bytes(), false), "\\u{9b}2J");
+        assert_eq!(render_text("héllo ✓".as_bytes(), false), "héllo ✓");
+    }
+
+    #[test]
+    fn invalid_utf8_is_shown_not_dropped() {
+        assert_eq!(render_text(b"a\xffb\xc3", false), "a\\xffb\\xc3");
+        assert_eq!(render_text(b"a\xc3(", true), "a\\xc3(");
+    }
+
+    #[test]
+    fn a_sequence_cut_by_truncation_is_dropped() {
+        let s = "ab✓".as_bytes();
+        assert_eq!(render_text(&s[..4], true), "ab");
+        assert_eq!(render_text(&s[..4], false), "ab\\xe2\\x9c");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn rendered_text_has_no_control_characters(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            let text = render_text(&bytes, false);
+            proptest::prop_assert!(text.chars().all(|c| c == '\n' || c == '\t' || !(c.is_control())));
+        }
+    }
+}

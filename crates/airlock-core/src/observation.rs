@@ -1,0 +1,461 @@
+//! The observation (DESIGN §2): the bounded JSON result of one job. Field names are a
+//! public contract.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::BackendKind;
+use crate::capture::{CapturedOutput, render_text};
+use crate::error::ErrorKind;
+use crate::job::JobId;
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The program exited by itself.
+    Exited,
+    /// The wall-time limit killed it.
+    Timeout,
+    /// The memory limit killed it.
+    Oom,
+    /// A signal killed it.
+    Killed,
+    /// It produced more output than the flood limit and was killed.
+    OutputLimit,
+    /// The sandbox could not run it.
+    Error,
+}
+
+impl Outcome {
+    /// The wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Exited => "exited",
+            Outcome::Timeout => "timeout",
+            Outcome::Oom => "oom",
+            Outcome::Killed => "killed",
+            Outcome::OutputLimit => "output_limit",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// An executor-side failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// Its class.
+    pub kind: ErrorKind,
+    /// What went wrong, for a human.
+    pub message: String,
+}
+
+/// A file released from `/out`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputFile {
+    /// Path relative to `/out`.
+    pub path: String,
+    /// Size.
+    pub bytes: u64,
+    /// `sha256:` digest... as lowercase hex.
+    pub sha256: String,
+}
+
+/// The result of one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The job's id.
+    pub job_id: JobId,
+    /// True only for `exited` with exit code 0.
+    pub ok: bool,
+    /// How the job ended.
+    pub outcome: Outcome,
+    /// The program's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the program (`"SIGKILL"`), when one did.
+    pub signal: Option<String>,
+    /// The kept stdout, escaped.
+    pub stdout: String,
+    /// The kept stderr, escaped.
+    pub stderr: String,
+    /// Every byte written to stdout.
+    pub stdout_bytes: u64,
+    /// Every byte written to stderr.
+    pub stderr_bytes: u64,
+    /// Whether stdout was cut.
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut.
+    pub stderr_truncated: bool,
+    /// Secret-shaped strings replaced.
+    pub redactions: u64,
+    /// Wall time of the program.
+    pub duration_ms: u64,
+    /// CPU time of every process of the job.
+    pub cpu_ms: Option<u64>,
+    /// Peak memory of the job.
+    pub peak_memory_bytes: Option<u64>,
+    /// Files released from `/out`.
+    pub files: Vec<OutputFile>,
+    /// The backend that ran the job.
+    pub backend: BackendKind,
+    /// The image, when the rootfs is an image.
+    pub image_digest: Option<String>,
+    /// The policy's version.
+    pub policy_version: String,
+    /// Set only when `outcome` is `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+}
+
+impl Observation {
+    /// The observation of a job that could not run.
+    pub fn error(
+        job_id: JobId,
+        backend: BackendKind,
+        policy_version: &str,
+        kind: ErrorKind,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            job_id,
+            ok: false,
+            outcome: Outcome::Error,
+            exit_code: None,
+            signal: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            redactions: 0,
+            duration_ms: 0,
+            cpu_ms: None,
+            peak_memory_bytes: None,
+            files: Vec::new(),
+            backend,
+            image_digest: None,
+            policy_version: policy_version.to_owned(),
+            error: Some(ErrorInfo {
+                kind,
+                message: message.into(),
+            }),
+        }
+    }
+
+    /// The exit code `airlock run` uses for this observation (DESIGN §3).
+    pub fn cli_exit_code(&self) -> i32 {
+        match self.outcome {
+            Outcome::Exited => self.exit_code.unwrap_or(0),
+            Outcome::Timeout => 124,
+            Outcome::Oom | Outcome::OutputLimit => 137,
+            Outcome::Killed => self
+                .signal
+                .as_deref()
+                .and_then(signal_number)
+                .map_or(137, |n| 128 + n),
+            Outcome::Error => 125,
+        }
+    }
+}
+
+/// How the program's process ended, as the backend saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Termination {
+    /// It exited with this code.
+    Exited(i32),
+    /// This signal killed it.
+    Signaled(i32),
+    /// Unknown: the sandbox was torn down before a status could be read.
+    Unknown,
+}
+
+/// A limit the supervisor saw being hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LimitHit {
+    /// Wall time ran out; the supervisor killed the job.
+    Timeout,
+    /// Output exceeded the flood limit; the supervisor killed the job.
+    OutputFlood,
+}
+
+/// What a backend reports about a job that ran. The engine turns it into an [`Observation`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunReport {
+    /// How the program ended.
+    pub termination: Termination,
+    /// A limit the supervisor enforced, if any.
+    pub limit_hit: Option<LimitHit>,
+    /// OOM kills counted by the memory controller.
+    pub oom_kills: u64,
+    /// Kept stdout.
+    pub stdout: CapturedOutput,
+    /// Kept stderr.
+    pub stderr: CapturedOutput,
+    /// Wall time from program start to its end.
+    pub duration: Duration,
+    /// Time spent building the sandbox before the program started.
+    pub setup: Duration,
+    /// CPU time of every process of the job.
+    pub cpu_time: Option<Duration>,
+    /// Peak memory.
+    pub peak_memory_bytes: Option<u64>,
+    /// The image, when the rootfs is an image.
+    pub image_digest: Option<String>,
+}
+
+impl RunReport {
+    /// The outcome, by precedence: a limit the supervisor enforced, then an OOM kill,
+    /// then a signal, then a normal exit.
+    pub fn outcome(&self) -> Outcome {
+        match (self.limit_hit, self.oom_kills, self.termination) {
+            (Some(LimitHit::Timeout), _, _) => Outcome::Timeout,
+            (Some(LimitHit::OutputFlood), _, _) => Outcome::OutputLimit,
+            (None, kills, _) if kills > 0 => Outcome::Oom,
+            (None, _, Termination::Signaled(_)) => Outcome::Killed,
+            (None, _, Termination::Unknown) => Outcome::Killed,
+            (None, _, Termination::Exited(_)) => Outcome::Exited,
+        }
+    }
+
+    /// Builds the observation. `redact` is applied to the kept text of each stream and
+    /// returns the text and the number of replacements.
+    pub fn into_observation(
+        self,
+        job_id: JobId,
+        backend: BackendKind,
+        policy_version: &str,
+        redact: &dyn Fn(String) -> (String, u64),
+    ) -> Observation {
+        let outcome = self.outcome();
+        let (exit_code, signal) = match self.termination {
+            Termination::Exited(code) => (Some(code), None),
+            Termination::Signaled(sig) => (None, Some(signal_name(sig))),
+            Termination::Unknown => (None, None),
+        };
+        let (stdout, stdout_redactions) =
+            redact(render_text(&self.stdout.kept, self.stdout.truncated));
+        let (stderr, stderr_redactions) =
+            redact(render_text(&self.stderr.kept, self.stderr.truncated));
+        Observation {
+            job_id,
+            ok: outcome == Outcome::Exited && exit_code == Some(0),
+            outcome,
+            exit_code,
+            signal,
+            stdout,
+            stderr,
+            stdout_bytes: self.stdout.total_bytes,
+            stderr_bytes: self.stderr.total_bytes,
+            stdout_truncated: self.stdout.truncated,
+            stderr_truncated: self.stderr.truncated,
+            redactions: stdout_redactions + stderr_redactions,
+            duration_ms: duration_ms(self.duration),
+            cpu_ms: self.cpu_time.map(duration_ms),
+            peak_memory_bytes: self.peak_memory_bytes,
+            files: Vec::new(),
+            backend,
+            image_digest: self.image_digest,
+            policy_version: policy_version.to_owned(),
+            error: None,
+        }
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+const SIGNAL_NAMES: &[(i32, &str)] = &[
+    (1, "SIGHUP"),
+    (2, "SIGINT"),
+    (3, "SIGQUIT"),
+    (4, "SIGILL"),
+    (5, "SIGTRAP"),
+    (6, "SIGABRT"),
+    (7, "SIGBUS"),
+    (8, "SIGFPE"),
+    (9, "SIGKILL"),
+    (10, "SIGUSR1"),
+    (11, "SIGSEGV"),
+    (12, "SIGUSR2"),
+    (13, "SIGPIPE"),
+    (14, "SIGALRM"),
+    (15, "SIGTERM"),
+    (16, "SIGSTKFLT"),
+    (17, "SIGCHLD"),
+    (18, "SIGCONT"),
+    (19, "SIGSTOP"),
+    (20, "SIGTSTP"),
+    (21, "SIGTTIN"),
+    (22, "SIGTTOU"),
+    (23, "SIGURG"),
+    (24, "SIGXCPU"),
+    (25, "SIGXFSZ"),
+    (26, "SIGVTALRM"),
+    (27, "SIGPROF"),
+    (28, "SIGWINCH"),
+    (29, "SIGIO"),
+    (30, "SIGPWR"),
+    (31, "SIGSYS"),
+];
+
+/// `"SIGKILL"` for 9; `"SIG42"` for numbers without a name.
+pub fn signal_name(number: i32) -> String {
+    SIGNAL_NAMES
+        .iter()
+        .find(|(n, _)| *n == number)
+        .map_or_else(|| format!("SIG{number}"), |(_, name)| (*name).to_owned())
+}
+
+/// The inverse of [`signal_name`].
+pub fn signal_number(name: &str) -> Option<i32> {
+    SIGNAL_NAMES
+        .iter()
+        .find(|(_, n)| *n == name)
+        .map(|(number, _)| *number)
+        .or_else(|| name.strip_prefix("SIG")?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn report(termination: Termination) -> RunReport {
+        RunReport {
+            termination,
+            limit_hit: None,
+            oom_kills: 0,
+            stdout: CapturedOutput {
+                kept: b"45\n".to_vec(),
+                total_bytes: 3,
+                truncated: false,
+            },
+            stderr: CapturedOutput::default(),
+            duration: Duration::from_millis(21),
+            setup: Duration::from_millis(5),
+            cpu_time: Some(Duration::from_millis(18)),
+            peak_memory_bytes: Some(9_437_184),
+            image_digest: None,
+        }
+    }
+
+    fn no_redaction(text: String) -> (String, u64) {
+        (text, 0)
+    }
+
+    #[test]
+    fn observation_json_has_exactly_the_design_fields() {
+        let obs = report(Termination::Exited(0)).into_observation(
+            JobId::generate(),
+            BackendKind::Native,
+            "default-1",
+            &no_redaction,
+        );
+        let value = serde_json::to_value(&obs).unwrap();
+        let mut keys: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        let mut expected = vec![
+            "job_id",
+            "ok",
+            "outcome",
+            "exit_code",
+            "signal",
+            "stdout",
+            "stderr",
+            "stdout_bytes",
+            "stderr_bytes",
+            "stdout_truncated",
+            "stderr_truncated",
+            "redactions",
+            "duration_ms",
+            "cpu_ms",
+            "peak_memory_bytes",
+            "files",
+            "backend",
+            "image_digest",
+            "policy_version",
+        ];
+        expected.sort_unstable();
+        assert_eq!(keys, expected);
+        assert_eq!(value["ok"], true);
+        assert_eq!(value["outcome"], "exited");
+        assert_eq!(value["stdout"], "45\n");
+        assert_eq!(value["backend"], "native");
+    }
+
+    #[test]
+    fn error_observation_carries_kind_and_message() {
+        let obs = Observation::error(
+            JobId::generate(),
+            BackendKind::Native,
+            "default-1",
+            ErrorKind::PolicyDenied,
+            "too big",
+        );
+        let value = serde_json::to_value(&obs).unwrap();
+        assert_eq!(value["ok"], false);
+        assert_eq!(value["outcome"], "error");
+        assert_eq!(value["error"]["kind"], "policy_denied");
+        assert_eq!(value["error"]["message"], "too big");
+        assert_eq!(obs.cli_exit_code(), 125);
+    }
+
+    #[test]
+    fn outcome_precedence() {
+        let mut r = report(Termination::Signaled(9));
+        assert_eq!(r.outcome(), Outcome::Killed);
+        r.oom_kills = 1;
+        assert_eq!(r.outcome(), Outcome::Oom);
+        r.limit_hit = Some(LimitHit::OutputFlood);
+        assert_eq!(r.outcome(), Outcome::OutputLimit);
+        r.limit_hit = Some(LimitHit::Timeout);
+        assert_eq!(r.outcome(), Outcome::Timeout);
+        assert_eq!(report(Termination::Exited(3)).outcome(), Outcome::Exited);
+    }
+
+    #[test]
+    fn ok_only_for_exit_zero() {
+        let obs = report(Termination::Exited(1)).into_observation(
+            JobId::generate(),
+            BackendKind::Native,
+            "v",
+            &no_redaction,
+        );
+        assert!(!obs.ok);
+        assert_eq!(obs.cli_exit_code(), 1);
+    }
+
+    #[test]
+    fn cli_exit_codes() {
+        let mk = |t, hit| {
+            let mut r = report(t);
+            r.limit_hit = hit;
+            r.into_observation(JobId::generate(), BackendKind::Native, "v", &no_redaction)
+        };
+        assert_eq!(
+            mk(Termination::Signaled(9), Some(LimitHit::Timeout)).cli_exit_code(),
+            124
+        );
+        assert_eq!(mk(Termination::Signaled(9), None).cli_exit_code(), 137);
+        assert_eq!(mk(Termination::Signaled(15), None).cli_exit_code(), 143);
+        assert_eq!(
+            mk(Termination::Signaled(9), None).signal.as_deref(),
+            Some("SIGKILL")
+        );
+    }
+
+    #[test]
+    fn signal_names_round_trip() {
+        for n in 1..=64 {
+            assert_eq!(signal_number(&signal_name(n)), Some(n));
+        }
+    }
+}

@@ -1,0 +1,855 @@
+//! The policy file (DESIGN §4): versioned TOML, unknown keys rejected, every limit both the
+//! default and the ceiling a request may not exceed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::Error;
+use crate::units::{ByteSize, Cpus, duration_serde};
+
+/// The built-in policy, equal to DESIGN §4. Also shipped as `policy/default.toml`.
+pub const BUILTIN_POLICY_TOML: &str = include_str!("../../../policy/default.toml");
+
+/// Where the built-in policy says it came from in error messages.
+pub const BUILTIN_ORIGIN: &str = "built-in";
+
+/// Absolute sanity bounds. A policy or request outside them is malformed, whatever the
+/// policy's own ceilings say.
+pub mod bounds {
+    use std::time::Duration;
+
+    /// Shortest wall-time limit.
+    pub const TIMEOUT_MIN: Duration = Duration::from_millis(10);
+    /// Longest wall-time limit.
+    pub const TIMEOUT_MAX: Duration = Duration::from_secs(24 * 3600);
+    /// Least memory a job can be given (an interpreter needs a few MiB to start).
+    pub const MEMORY_MIN_BYTES: u64 = 4 * 1024 * 1024;
+    /// Most memory a job can be given.
+    pub const MEMORY_MAX_BYTES: u64 = 1 << 40;
+    /// Smallest CPU share, in thousandths of a CPU.
+    pub const CPUS_MIN_MILLIS: u32 = 10;
+    /// Largest CPU share, in thousandths of a CPU.
+    pub const CPUS_MAX_MILLIS: u32 = 1024 * 1000;
+    /// Most processes and threads a job can be allowed.
+    pub const PIDS_MAX: u32 = 65_536;
+    /// Smallest `/tmp`.
+    pub const TMP_MIN_BYTES: u64 = 64 * 1024;
+    /// Largest `/tmp`.
+    pub const TMP_MAX_BYTES: u64 = 64 << 30;
+    /// Most output bytes kept per stream (they are held in memory per job).
+    pub const STREAM_KEEP_MAX_BYTES: u64 = 16 << 20;
+    /// Largest source a policy may allow.
+    pub const SOURCE_MAX_BYTES: u64 = 64 << 20;
+    /// Largest total of input files a policy may allow.
+    pub const FILES_MAX_BYTES: u64 = 4 << 30;
+    /// Fewest open files a job can be limited to (interpreters open a dozen at start).
+    pub const OPEN_FILES_MIN: u32 = 16;
+    /// Most open files a job can be allowed.
+    pub const OPEN_FILES_MAX: u32 = 1 << 20;
+    /// Most input files in one job.
+    pub const INPUT_FILES_MAX_COUNT: usize = 256;
+    /// Deepest input file path (segments).
+    pub const INPUT_PATH_MAX_DEPTH: usize = 8;
+    /// Longest segment of an input file path, in bytes.
+    pub const INPUT_NAME_MAX_BYTES: usize = 255;
+    /// Most arguments passed to the program.
+    pub const ARGS_MAX_COUNT: usize = 256;
+    /// Longest single argument, in bytes.
+    pub const ARG_MAX_BYTES: usize = 4096;
+    /// Most bytes of extra environment (names and values) a job may bring.
+    pub const ENV_MAX_BYTES: usize = 64 * 1024;
+    /// Longest policy version string.
+    pub const VERSION_MAX_BYTES: usize = 64;
+}
+
+/// A parsed, validated policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// The policy version, reported in every observation and audit line.
+    pub version: String,
+    /// Defaults and ceilings.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Root filesystem and job directories.
+    #[serde(default)]
+    pub filesystem: FilesystemPolicy,
+    /// Network mode and allowlist.
+    #[serde(default)]
+    pub network: NetworkPolicy,
+    /// Redaction of secret-shaped output.
+    #[serde(default)]
+    pub redaction: RedactionPolicy,
+    /// The languages jobs may use. When the table is present it is the complete set.
+    #[serde(default = "builtin_languages")]
+    pub languages: BTreeMap<String, LanguageSpec>,
+    /// Environment variables a request may set.
+    #[serde(default)]
+    pub env: EnvPolicy,
+    /// The audit log.
+    #[serde(default)]
+    pub audit: AuditPolicy,
+    /// Settings of the native backend.
+    #[serde(default)]
+    pub native: NativePolicy,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            version: "default-1".to_owned(),
+            limits: Limits::default(),
+            filesystem: FilesystemPolicy::default(),
+            network: NetworkPolicy::default(),
+            redaction: RedactionPolicy::default(),
+            languages: builtin_languages(),
+            env: EnvPolicy::default(),
+            audit: AuditPolicy::default(),
+            native: NativePolicy::default(),
+        }
+    }
+}
+
+impl Policy {
+    /// The built-in policy (DESIGN §4).
+    pub fn builtin() -> Self {
+        Self::default()
+    }
+
+    /// Parses and validates a policy from TOML. `origin` names the source in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, Error> {
+        let policy: Policy = toml::from_str(text).map_err(|source| Error::ParsePolicy {
+            origin: origin.to_owned(),
+            source,
+        })?;
+        policy.validate(origin)?;
+        Ok(policy)
+    }
+
+    /// Renders the policy as TOML (every key explicit).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render policy: {e}\n"))
+    }
+
+    /// Checks every value against the absolute bounds and for consistency.
+    pub fn validate(&self, origin: &str) -> Result<(), Error> {
+        let bad = |field: &str, reason: String| Error::InvalidPolicy {
+            origin: origin.to_owned(),
+            field: field.to_owned(),
+            reason,
+        };
+        if self.version.is_empty()
+            || self.version.len() > bounds::VERSION_MAX_BYTES
+            || !self
+                .version
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.+".contains(&b))
+        {
+            return Err(bad(
+                "version",
+                format!(
+                    "must be 1-{} characters of [A-Za-z0-9._+-]",
+                    bounds::VERSION_MAX_BYTES
+                ),
+            ));
+        }
+        self.limits
+            .check_bounds()
+            .map_err(|(field, reason)| bad(&format!("limits.{field}"), reason))?;
+        let kept = self.limits.stdout.as_u64() + self.limits.stderr.as_u64();
+        if self.limits.flood.as_u64() < kept {
+            return Err(bad(
+                "limits.flood",
+                format!(
+                    "{} is less than stdout + stderr kept ({})",
+                    self.limits.flood,
+                    ByteSize::bytes(kept)
+                ),
+            ));
+        }
+        if self.languages.is_empty() {
+            return Err(bad("languages", "no language is defined".to_owned()));
+        }
+        for (name, spec) in &self.languages {
+            let field = format!("languages.{name}");
+            if !is_identifier(name) {
+                return Err(bad(&field, "name must be [a-z0-9_-]".to_owned()));
+            }
+            spec.check().map_err(|reason| bad(&field, reason))?;
+        }
+        for name in &self.env.allow {
+            if !is_env_name(name) {
+                return Err(bad("env.allow", format!("{name:?} is not a variable name")));
+            }
+        }
+        for entry in &self.network.allow {
+            HostPattern::from_str(entry).map_err(|reason| bad("network.allow", reason))?;
+        }
+        if self.audit.path.as_os_str().is_empty() {
+            return Err(bad("audit.path", "must not be empty".to_owned()));
+        }
+        if let CgroupParent::Path(path) = &self.native.cgroup_parent
+            && (path.is_absolute() || path.components().any(|c| c.as_os_str() == ".."))
+        {
+            return Err(bad(
+                "native.cgroup_parent",
+                "must be \"auto\" or a relative path below the cgroup mount, without ..".to_owned(),
+            ));
+        }
+        if self.native.host_uid_base < NativePolicy::HOST_UID_BASE_MIN
+            || self.native.host_uid_base > u32::MAX - NativePolicy::MAPPED_IDS
+        {
+            return Err(bad(
+                "native.host_uid_base",
+                format!(
+                    "must be between {} and {}",
+                    NativePolicy::HOST_UID_BASE_MIN,
+                    u32::MAX - NativePolicy::MAPPED_IDS
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Looks up a language.
+    pub fn language(&self, name: &str) -> Option<&LanguageSpec> {
+        self.languages.get(name)
+    }
+}
+
+fn is_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// True for a POSIX-style environment variable name.
+pub fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && name.len() <= 128
+}
+
+/// Resource limits. In a policy each value is both the default and the ceiling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall time from the moment the program starts.
+    #[serde(with = "duration_serde")]
+    pub timeout: Duration,
+    /// Memory (RAM, no swap), page cache and `/tmp` included.
+    pub memory: ByteSize,
+    /// CPU share.
+    pub cpus: Cpus,
+    /// Processes and threads.
+    pub pids: u32,
+    /// Size of the `/tmp` tmpfs.
+    pub tmp: ByteSize,
+    /// Bytes of stdout kept and returned.
+    pub stdout: ByteSize,
+    /// Bytes of stderr kept and returned.
+    pub stderr: ByteSize,
+    /// Total output after which the job is killed as `output_limit`.
+    pub flood: ByteSize,
+    /// Largest source.
+    pub source: ByteSize,
+    /// Largest total of input files and stdin.
+    pub files: ByteSize,
+    /// Open file descriptors per process (RLIMIT_NOFILE).
+    pub open_files: u32,
+    /// Largest file a process may write (RLIMIT_FSIZE).
+    pub file_size: ByteSize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(5),
+            memory: ByteSize::mib(256),
+            cpus: Cpus::from_millis(500),
+            pids: 64,
+            tmp: ByteSize::mib(16),
+            stdout: ByteSize::bytes(8000),
+            stderr: ByteSize::bytes(2000),
+            flood: ByteSize::mib(64),
+            source: ByteSize::mib(1),
+            files: ByteSize::mib(16),
+            open_files: 256,
+            file_size: ByteSize::mib(64),
+        }
+    }
+}
+
+impl Limits {
+    /// Checks each value against [`bounds`]; returns the field name and reason.
+    pub(crate) fn check_bounds(&self) -> Result<(), (&'static str, String)> {
+        use bounds::*;
+        check_timeout(self.timeout).map_err(|r| ("timeout", r))?;
+        check_memory(self.memory).map_err(|r| ("memory", r))?;
+        check_cpus(self.cpus).map_err(|r| ("cpus", r))?;
+        check_pids(self.pids).map_err(|r| ("pids", r))?;
+        in_range(self.tmp.as_u64(), TMP_MIN_BYTES, TMP_MAX_BYTES).map_err(|r| ("tmp", r))?;
+        in_range(self.stdout.as_u64(), 0, STREAM_KEEP_MAX_BYTES).map_err(|r| ("stdout", r))?;
+        in_range(self.stderr.as_u64(), 0, STREAM_KEEP_MAX_BYTES).map_err(|r| ("stderr", r))?;
+        in_range(self.flood.as_u64(), 1, u64::MAX).map_err(|r| ("flood", r))?;
+        in_range(self.source.as_u64(), 1, SOURCE_MAX_BYTES).map_err(|r| ("source", r))?;
+        in_range(self.files.as_u64(), 0, FILES_MAX_BYTES).map_err(|r| ("files", r))?;
+        in_range(
+            u64::from(self.open_files),
+            u64::from(OPEN_FILES_MIN),
+            u64::from(OPEN_FILES_MAX),
+        )
+        .map_err(|r| ("open_files", r))?;
+        in_range(self.file_size.as_u64(), 1, u64::MAX).map_err(|r| ("file_size", r))?;
+        Ok(())
+    }
+}
+
+fn in_range(value: u64, min: u64, max: u64) -> Result<(), String> {
+    if value < min {
+        Err(format!("{value} is below the minimum {min}"))
+    } else if value > max {
+        Err(format!("{value} is above the maximum {max}"))
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_timeout(value: Duration) -> Result<(), String> {
+    if value < bounds::TIMEOUT_MIN || value > bounds::TIMEOUT_MAX {
+        return Err(format!(
+            "{} is outside {}..{}",
+            crate::units::format_duration(value),
+            crate::units::format_duration(bounds::TIMEOUT_MIN),
+            crate::units::format_duration(bounds::TIMEOUT_MAX)
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_memory(value: ByteSize) -> Result<(), String> {
+    if value.as_u64() < bounds::MEMORY_MIN_BYTES || value.as_u64() > bounds::MEMORY_MAX_BYTES {
+        return Err(format!(
+            "{value} is outside {}..{}",
+            ByteSize::bytes(bounds::MEMORY_MIN_BYTES),
+            ByteSize::bytes(bounds::MEMORY_MAX_BYTES)
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_cpus(value: Cpus) -> Result<(), String> {
+    if value.millis() < bounds::CPUS_MIN_MILLIS || value.millis() > bounds::CPUS_MAX_MILLIS {
+        return Err(format!(
+            "{value} is outside {}..{}",
+            Cpus::from_millis(bounds::CPUS_MIN_MILLIS),
+            Cpus::from_millis(bounds::CPUS_MAX_MILLIS)
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_pids(value: u32) -> Result<(), String> {
+    if value == 0 || value > bounds::PIDS_MAX {
+        return Err(format!("{value} is outside 1..{}", bounds::PIDS_MAX));
+    }
+    Ok(())
+}
+
+/// The root filesystem and the job's directories.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesystemPolicy {
+    /// What `/` is.
+    pub rootfs: RootfsSpec,
+    /// Whether `/work` is writable.
+    pub workdir: WorkdirMode,
+    /// The optional `/out` directory.
+    pub out: OutPolicy,
+}
+
+/// What the job's root filesystem is.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RootfsSpec {
+    /// A read-only view of the host's `/usr`, `/bin`, `/sbin`, `/lib*` and a synthesized `/etc`.
+    #[default]
+    Host,
+    /// A directory holding a whole root filesystem (for example made by debootstrap).
+    Dir(PathBuf),
+    /// An OCI image pinned by digest.
+    Image {
+        /// The reference without the digest, e.g. `python:3.12-slim`.
+        reference: String,
+        /// The `sha256:` digest.
+        digest: String,
+    },
+}
+
+impl FromStr for RootfsSpec {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "host" {
+            return Ok(RootfsSpec::Host);
+        }
+        if let Some(path) = text.strip_prefix("dir:") {
+            let path = PathBuf::from(path);
+            if !path.is_absolute() {
+                return Err(format!("dir rootfs {text:?} must be an absolute path"));
+            }
+            return Ok(RootfsSpec::Dir(path));
+        }
+        if let Some(image) = text.strip_prefix("image:") {
+            let (reference, digest) = image
+                .rsplit_once('@')
+                .ok_or_else(|| format!("image rootfs {text:?} must be pinned as REF@sha256:…"))?;
+            if !is_sha256_digest(digest) {
+                return Err(format!(
+                    "image rootfs {text:?}: {digest:?} is not a sha256:<64 hex> digest"
+                ));
+            }
+            return Ok(RootfsSpec::Image {
+                reference: reference.to_owned(),
+                digest: digest.to_owned(),
+            });
+        }
+        Err(format!(
+            "rootfs {text:?} must be \"host\", \"dir:/path\" or \"image:REF@sha256:…\""
+        ))
+    }
+}
+
+/// True for `sha256:` followed by 64 lowercase hex digits.
+pub fn is_sha256_digest(text: &str) -> bool {
+    text.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+impl fmt::Display for RootfsSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RootfsSpec::Host => f.write_str("host"),
+            RootfsSpec::Dir(path) => write!(f, "dir:{}", path.display()),
+            RootfsSpec::Image { reference, digest } => write!(f, "image:{reference}@{digest}"),
+        }
+    }
+}
+
+impl Serialize for RootfsSpec {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for RootfsSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Whether `/work` is read-only or writable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkdirMode {
+    /// Read-only (the default).
+    #[default]
+    Ro,
+    /// Writable.
+    Rw,
+}
+
+/// The `/out` directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutPolicy {
+    /// Whether jobs get a writable `/out`.
+    pub enabled: bool,
+    /// Size cap of `/out`.
+    pub max_bytes: ByteSize,
+    /// Most files released from `/out`.
+    pub max_files: u32,
+}
+
+impl Default for OutPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_bytes: ByteSize::mib(8),
+            max_files: 64,
+        }
+    }
+}
+
+/// Network access of jobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkPolicy {
+    /// `none` or `proxy`.
+    pub mode: NetworkMode,
+    /// `host[:port]` entries the proxy may reach (`*.` wildcards allowed).
+    pub allow: Vec<String>,
+}
+
+/// How a job reaches the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// A fresh network namespace with only `lo`.
+    #[default]
+    None,
+    /// Only the allowlisting egress proxy.
+    Proxy,
+}
+
+impl fmt::Display for NetworkMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NetworkMode::None => "none",
+            NetworkMode::Proxy => "proxy",
+        })
+    }
+}
+
+/// An allowlist entry: `host[:port]`, the host possibly starting with `*.`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPattern {
+    /// Lower-case host, or `*.suffix`.
+    pub host: String,
+    /// The port, if the entry names one.
+    pub port: Option<u16>,
+}
+
+impl FromStr for HostPattern {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (host, port) = match text.rsplit_once(':') {
+            Some((host, port)) if !host.contains(':') => {
+                let port: u16 = port
+                    .parse()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| format!("{text:?}: bad port {port:?}"))?;
+                (host, Some(port))
+            }
+            _ => (text, None),
+        };
+        let labels = host.strip_prefix("*.").unwrap_or(host);
+        let valid = !labels.is_empty()
+            && labels.len() <= 253
+            && labels.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !valid {
+            return Err(format!(
+                "{text:?} is not a host name, *.domain or IPv4 address"
+            ));
+        }
+        Ok(HostPattern {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+}
+
+/// Redaction of secret-shaped output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedactionPolicy {
+    /// Whether the built-in secret patterns apply.
+    pub builtin: bool,
+    /// More regular expressions.
+    pub extra: Vec<String>,
+}
+
+impl Default for RedactionPolicy {
+    fn default() -> Self {
+        Self {
+            builtin: true,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// How a language's source is run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LanguageSpec {
+    /// argv; `{file}` is replaced with the source's path inside the sandbox.
+    pub command: Vec<String>,
+    /// The source's file name under `/work`.
+    pub file: String,
+}
+
+impl LanguageSpec {
+    /// The placeholder replaced with the source path.
+    pub const FILE_PLACEHOLDER: &'static str = "{file}";
+
+    fn check(&self) -> Result<(), String> {
+        if self.command.is_empty() || self.command[0].is_empty() {
+            return Err("command must not be empty".to_owned());
+        }
+        if !self
+            .command
+            .iter()
+            .any(|a| a.contains(Self::FILE_PLACEHOLDER))
+        {
+            return Err(format!(
+                "command must contain {} (where the source goes)",
+                Self::FILE_PLACEHOLDER
+            ));
+        }
+        if self.command.iter().any(|a| a.contains('\0')) {
+            return Err("command contains a NUL byte".to_owned());
+        }
+        crate::job::check_file_name(&self.file).map_err(|r| format!("file: {r}"))?;
+        Ok(())
+    }
+}
+
+fn language(command: &[&str], file: &str) -> LanguageSpec {
+    LanguageSpec {
+        command: command.iter().map(|s| (*s).to_owned()).collect(),
+        file: file.to_owned(),
+    }
+}
+
+/// The languages of the built-in policy.
+pub fn builtin_languages() -> BTreeMap<String, LanguageSpec> {
+    BTreeMap::from([
+        (
+            "python".to_owned(),
+            language(&["python3", "-I", "{file}"], "main.py"),
+        ),
+        ("node".to_owned(), language(&["node", "{file}"], "main.js")),
+        ("bash".to_owned(), language(&["bash", "{file}"], "main.sh")),
+        ("sh".to_owned(), language(&["sh", "{file}"], "main.sh")),
+    ])
+}
+
+/// Environment variables a request may set (beyond the fixed base of DESIGN S1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvPolicy {
+    /// Names a request may set.
+    pub allow: Vec<String>,
+}
+
+/// The audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditPolicy {
+    /// The JSONL file. A relative path is resolved against the policy file's directory,
+    /// or for the built-in policy against airlock's state directory.
+    pub path: PathBuf,
+    /// Whether each line is flushed to disk (fdatasync) before the job's result is returned.
+    pub fsync: bool,
+}
+
+impl Default for AuditPolicy {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("audit.jsonl"),
+            fsync: true,
+        }
+    }
+}
+
+/// Settings of the native backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NativePolicy {
+    /// Where job cgroups are created: `"auto"` or a path relative to the cgroup mount.
+    pub cgroup_parent: CgroupParent,
+    /// When airlock runs as root, in-sandbox ids 0..65535 map to host ids starting here,
+    /// so the job's uid 65534 is an unused host uid, never a real account or root.
+    pub host_uid_base: u32,
+}
+
+impl NativePolicy {
+    /// How many ids are mapped (in-sandbox 0..=65535).
+    pub const MAPPED_IDS: u32 = 65_536;
+    /// The lowest allowed base: below it lie real accounts and subuid ranges.
+    pub const HOST_UID_BASE_MIN: u32 = 1_000_000;
+}
+
+impl Default for NativePolicy {
+    fn default() -> Self {
+        Self {
+            cgroup_parent: CgroupParent::Auto,
+            host_uid_base: 1_879_048_192,
+        }
+    }
+}
+
+/// Where job cgroups live.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CgroupParent {
+    /// Below airlock's own cgroup.
+    #[default]
+    Auto,
+    /// A path relative to the cgroup mount root.
+    Path(PathBuf),
+}
+
+impl Serialize for CgroupParent {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CgroupParent::Auto => serializer.serialize_str("auto"),
+            CgroupParent::Path(p) => serializer.serialize_str(&p.to_string_lossy()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CgroupParent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Ok(if text == "auto" {
+            CgroupParent::Auto
+        } else {
+            CgroupParent::Path(PathBuf::from(text))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn shipped_default_policy_equals_the_built_in_one() {
+        let parsed = Policy::from_toml(BUILTIN_POLICY_TOML, BUILTIN_ORIGIN).unwrap();
+        assert_eq!(parsed, Policy::builtin());
+    }
+
+    #[test]
+    fn built_in_policy_matches_design() {
+        let p = Policy::builtin();
+        assert_eq!(p.version, "default-1");
+        assert_eq!(p.limits.timeout, Duration::from_secs(5));
+        assert_eq!(p.limits.memory, ByteSize::mib(256));
+        assert_eq!(p.limits.cpus.millis(), 500);
+        assert_eq!(p.limits.pids, 64);
+        assert_eq!(p.limits.tmp, ByteSize::mib(16));
+        assert_eq!(p.limits.stdout.as_u64(), 8000);
+        assert_eq!(p.limits.stderr.as_u64(), 2000);
+        assert_eq!(p.limits.flood, ByteSize::mib(64));
+        assert_eq!(p.filesystem.rootfs, RootfsSpec::Host);
+        assert_eq!(p.filesystem.workdir, WorkdirMode::Ro);
+        assert_eq!(p.network.mode, NetworkMode::None);
+        assert_eq!(
+            p.languages["python"].command,
+            vec!["python3", "-I", "{file}"]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err =
+            Policy::from_toml("version = \"x\"\n[limits]\ntimout = \"5s\"\n", "t").unwrap_err();
+        assert!(err.to_string().contains("timout"), "{err}");
+        let err = Policy::from_toml("version = \"x\"\ncolour = 1\n", "t").unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn version_is_required() {
+        let err = Policy::from_toml("[limits]\ntimeout = \"5s\"\n", "t").unwrap_err();
+        assert!(err.to_string().contains("version"), "{err}");
+    }
+
+    #[test]
+    fn partial_sections_take_defaults() {
+        let p =
+            Policy::from_toml("version = \"v2\"\n[limits]\nmemory = \"128MiB\"\n", "t").unwrap();
+        assert_eq!(p.limits.memory, ByteSize::mib(128));
+        assert_eq!(p.limits.timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn absurd_policy_values_are_refused() {
+        for bad in [
+            "[limits]\ntimeout = \"0s\"",
+            "[limits]\nmemory = \"1KiB\"",
+            "[limits]\npids = 0",
+            "[limits]\ncpus = 0",
+            "[limits]\nflood = \"1KiB\"",
+            "[filesystem]\nrootfs = \"image:python:3\"",
+            "[filesystem]\nrootfs = \"dir:relative\"",
+            "[languages.x]\ncommand = [\"x\"]\nfile = \"x\"",
+            "[languages.x]\ncommand = [\"x\", \"{file}\"]\nfile = \"../x\"",
+            "[env]\nallow = [\"NOT-A-NAME\"]",
+            "[native]\ncgroup_parent = \"/abs\"",
+            "[native]\nhost_uid_base = 0",
+        ] {
+            let text = format!("version = \"t\"\n{bad}\n");
+            assert!(Policy::from_toml(&text, "t").is_err(), "accepted: {bad}");
+        }
+    }
+
+    #[test]
+    fn languages_table_replaces_the_built_in_set() {
+        let p = Policy::from_toml(
+            "version = \"t\"\n[languages.python]\ncommand = [\"python3\", \"{file}\"]\nfile = \"m.py\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.languages.keys().collect::<Vec<_>>(), vec!["python"]);
+    }
+
+    #[test]
+    fn policy_round_trips_through_toml() {
+        let p = Policy::builtin();
+        let again = Policy::from_toml(&p.to_toml(), "t").unwrap();
+        assert_eq!(again, p);
+    }
+
+    #[test]
+    fn rootfs_specs_parse() {
+        let digest = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(
+            format!("image:python:3.12@{digest}")
+                .parse::<RootfsSpec>()
+                .unwrap(),
+            RootfsSpec::Image {
+                reference: "python:3.12".into(),
+                digest: digest.clone()
+            }
+        );
+        assert_eq!(
+            "dir:/srv/root".parse::<RootfsSpec>().unwrap(),
+            RootfsSpec::Dir("/srv/root".into())
+        );
+        assert!("image:python@sha256:abc".parse::<RootfsSpec>().is_err());
+    }
+
+    #[test]
+    fn host_patterns() {
+        assert_eq!(
+            "PyPI.org:443".parse::<HostPattern>().unwrap(),
+            HostPattern {
+                host: "pypi.org".into(),
+                port: Some(443)
+            }
+        );
+        assert!("*.pythonhosted.org:443".parse::<HostPattern>().is_ok());
+        assert!("evil.com:0".parse::<HostPattern>().is_err());
+        assert!("a b".parse::<HostPattern>().is_err());
+    }
+}
