@@ -639,7 +639,7 @@ mod tests {
     #[test]
     fn bad_file_names_are_refused() {
         let long = "a".repeat(256);
-        let deep = vec!["d"; 9].join("/");
+        let deep = ["d"; 9].join("/");
         for bad in [
             "",
             "/etc/passwd",

@@ -105,7 +105,7 @@ impl fmt::Display for ByteSize {
             (ByteSize::KIB, "KiB"),
         ];
         for (size, name) in units {
-            if self.0 >= size && self.0 % size == 0 {
+            if self.0 >= size && self.0.is_multiple_of(size) {
                 return write!(f, "{}{name}", self.0 / size);
             }
         }
@@ -173,7 +173,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
         .parse()
         .map_err(|_| UnitError(format!("bad number in duration {text:?}")))?;
     let seconds = value * seconds_per_unit;
-    if !seconds.is_finite() || seconds < 0.0 || seconds > 1.0e9 {
+    if !seconds.is_finite() || !(0.0..=1.0e9).contains(&seconds) {
         return Err(UnitError(format!("duration {text:?} is out of range")));
     }
     Ok(Duration::from_secs_f64(seconds))
@@ -182,7 +182,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
 /// Formats a duration the way [`parse_duration`] reads it (`"5s"`, `"1500ms"`).
 pub fn format_duration(duration: Duration) -> String {
     let millis = duration.as_millis();
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         format!("{}s", millis / 1000)
     } else {
         format!("{millis}ms")
@@ -250,7 +250,7 @@ impl Cpus {
     }
 
     fn from_f64(value: f64) -> Result<Self, UnitError> {
-        if !value.is_finite() || value < 0.0 || value > 1_000_000.0 {
+        if !value.is_finite() || !(0.0..=1_000_000.0).contains(&value) {
             return Err(UnitError(format!("cpus {value} is out of range")));
         }
         Ok(Self((value * 1000.0).round() as u32))
