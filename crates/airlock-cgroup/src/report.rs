@@ -1,0 +1,429 @@
+//! What `airlock doctor` says about cgroups: each needed piece, present or not, where, and
+//! why not. Reading only: nothing is created or moved.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Access, access};
+
+use crate::hierarchy::{V1_CONTROLLERS, V2_CONTROLLERS};
+use crate::manager::GroupDir;
+use crate::{CgroupVersion, Hierarchy, ParentSpec, v1, v2};
+
+/// Whether a piece is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Presence {
+    /// Found.
+    Present,
+    /// Not found; see the explanation.
+    Missing,
+    /// Cannot be told yet; see the explanation.
+    Unknown,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Check {
+    /// What was checked (`memory`, `swap accounting`, `cgroup.kill`, ...).
+    pub name: &'static str,
+    /// The outcome.
+    pub presence: Presence,
+    /// Where it was found or looked for.
+    pub location: Option<PathBuf>,
+    /// What it means when not simply present, in words an operator can act on.
+    pub explanation: Option<String>,
+}
+
+/// The parent of the job groups.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ParentCheck {
+    /// The parent directories that would be used (empty when none can be chosen).
+    pub paths: Vec<PathBuf>,
+    /// Whether this process can create them or groups in them.
+    pub writable: bool,
+    /// Why not, or what `CgroupManager::new` will do first.
+    pub explanation: Option<String>,
+}
+
+/// The cgroup part of `airlock doctor`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HierarchyReport {
+    /// The interface the job groups would use.
+    pub version: CgroupVersion,
+    /// memory, cpu, cpuacct (v1) or cpu.stat (v2), pids.
+    pub controllers: Vec<Check>,
+    /// `memory.memsw.*` (v1) or `memory.swap.max` (v2): without it swap is not capped.
+    pub swap_accounting: Check,
+    /// `cgroup.kill` (v2, Linux 5.14+); otherwise the pidfd sweep kills.
+    pub cgroup_kill: Check,
+    /// Peak memory: `memory.max_usage_in_bytes` (v1) or `memory.peak` (v2, Linux 5.19+).
+    pub memory_peak: Check,
+    /// The parent [`ParentSpec::Auto`] (or the given spec) resolves to.
+    pub parent: ParentCheck,
+}
+
+impl HierarchyReport {
+    /// Whether job groups can be created with every limit: all controllers present and the
+    /// parent writable. Swap accounting is reported but not required here: the policy decides.
+    pub fn ready(&self) -> bool {
+        self.controllers
+            .iter()
+            .all(|c| c.presence == Presence::Present)
+            && self.parent.writable
+    }
+}
+
+impl Hierarchy {
+    /// The report for [`ParentSpec::Auto`].
+    pub fn report(&self) -> HierarchyReport {
+        self.report_for(&ParentSpec::Auto)
+    }
+
+    /// The report for a given parent spec.
+    pub fn report_for(&self, spec: &ParentSpec) -> HierarchyReport {
+        let version = self.version();
+        let planned: Result<Vec<GroupDir>, String> = match version {
+            CgroupVersion::V1 => v1::plan_parents(self, spec).map_err(|e| e.to_string()),
+            CgroupVersion::V2 => v2::plan_parent(self, spec, std::process::id())
+                .map(|p| vec![p.parent])
+                .map_err(|e| e.to_string()),
+        };
+        let parent = match &planned {
+            Ok(dirs) => parent_check(dirs),
+            Err(e) => ParentCheck {
+                paths: Vec::new(),
+                writable: false,
+                explanation: Some(e.clone()),
+            },
+        };
+        let parents = planned.unwrap_or_default();
+        match version {
+            CgroupVersion::V1 => self.report_v1(&parents, parent),
+            CgroupVersion::V2 => self.report_v2(&parents, parent),
+        }
+    }
+
+    fn report_v1(&self, parents: &[GroupDir], parent: ParentCheck) -> HierarchyReport {
+        let controllers = V1_CONTROLLERS
+            .into_iter()
+            .map(|c| match self.v1_mount(c) {
+                Some(m) => present(c, m.mount_point.clone()),
+                None => Check {
+                    name: c,
+                    presence: Presence::Missing,
+                    location: None,
+                    explanation: Some(format!(
+                        "no cgroup v1 hierarchy with {c} is mounted \
+                         (e.g. `mount -t cgroup -o {c} cgroup /sys/fs/cgroup/{c}`)"
+                    )),
+                },
+            })
+            .collect();
+        let memory_dir = parents
+            .iter()
+            .find(|p| p.serves("memory"))
+            .map(|p| p.dir.clone())
+            .filter(|d| d.exists())
+            .or_else(|| self.v1_mount("memory").and_then(|m| m.own_dir()));
+        let swap_accounting = probe(
+            "swap accounting",
+            memory_dir.as_deref(),
+            v1::MEMSW_LIMIT,
+            "no memory.memsw.* files: the kernel runs without swap accounting (boot with \
+             swapaccount=1); jobs get swappiness 0 but their swap use is not capped",
+        );
+        let memory_peak = probe(
+            "memory peak",
+            memory_dir.as_deref(),
+            "memory.max_usage_in_bytes",
+            "no memory.max_usage_in_bytes: peak memory is not reported",
+        );
+        HierarchyReport {
+            version: CgroupVersion::V1,
+            controllers,
+            swap_accounting,
+            cgroup_kill: Check {
+                name: "cgroup.kill",
+                presence: Presence::Missing,
+                location: None,
+                explanation: Some(
+                    "cgroup v1 has no cgroup.kill: jobs are killed by a pidfd sweep".to_owned(),
+                ),
+            },
+            memory_peak,
+            parent,
+        }
+    }
+
+    fn report_v2(&self, parents: &[GroupDir], parent: ParentCheck) -> HierarchyReport {
+        let Some(u) = self.unified.as_ref() else {
+            // version() is V2 only with a unified mount; keep the report total anyway.
+            return self.report_v1(parents, parent);
+        };
+        let mut controllers: Vec<Check> = V2_CONTROLLERS
+            .into_iter()
+            .map(|c| {
+                if u.controllers.iter().any(|x| x == c) {
+                    present(c, u.mount_point.clone())
+                } else {
+                    Check {
+                        name: c,
+                        presence: Presence::Missing,
+                        location: Some(u.mount_point.join("cgroup.controllers")),
+                        explanation: Some(format!(
+                            "{c} is not in cgroup.controllers: the kernel lacks it or a v1 \
+                             hierarchy holds it"
+                        )),
+                    }
+                }
+            })
+            .collect();
+        controllers.push(present("cpu.stat", u.mount_point.clone()));
+        // A non-root cgroup to look for the optional files in: the parent if it exists,
+        // otherwise this process's own cgroup.
+        let probe_dir = parents
+            .first()
+            .map(|p| p.dir.clone())
+            .filter(|d| d.exists())
+            .or_else(|| u.own_dir().filter(|d| *d != u.mount_point));
+        let kernel = kernel_release();
+        HierarchyReport {
+            version: CgroupVersion::V2,
+            controllers,
+            swap_accounting: probe(
+                "swap accounting",
+                probe_dir.as_deref(),
+                v2::SWAP_MAX,
+                "no memory.swap.max: the kernel runs without swap accounting; swap use is not \
+                 capped",
+            ),
+            cgroup_kill: probe_or_kernel(
+                "cgroup.kill",
+                probe_dir.as_deref(),
+                kernel,
+                (5, 14),
+                "Linux before 5.14 has no cgroup.kill: jobs are killed by a pidfd sweep",
+            ),
+            memory_peak: probe_or_kernel(
+                "memory.peak",
+                probe_dir.as_deref(),
+                kernel,
+                (5, 19),
+                "Linux before 5.19 has no memory.peak: peak memory is not reported",
+            ),
+            parent,
+        }
+    }
+}
+
+fn present(name: &'static str, location: PathBuf) -> Check {
+    Check {
+        name,
+        presence: Presence::Present,
+        location: Some(location),
+        explanation: None,
+    }
+}
+
+/// Looks for `file` in `dir`.
+fn probe(name: &'static str, dir: Option<&Path>, file: &str, missing: &str) -> Check {
+    let Some(dir) = dir else {
+        return Check {
+            name,
+            presence: Presence::Unknown,
+            location: None,
+            explanation: Some(
+                "only the root cgroup exists to look in; known once the parent is created"
+                    .to_owned(),
+            ),
+        };
+    };
+    let path = dir.join(file);
+    if path.exists() {
+        present(name, path)
+    } else {
+        Check {
+            name,
+            presence: Presence::Missing,
+            location: Some(path),
+            explanation: Some(missing.to_owned()),
+        }
+    }
+}
+
+/// Like [`probe`] with `name` as the file, falling back to the kernel release when there is
+/// no non-root cgroup to look in.
+fn probe_or_kernel(
+    name: &'static str,
+    dir: Option<&Path>,
+    kernel: Option<(u32, u32)>,
+    since: (u32, u32),
+    missing: &str,
+) -> Check {
+    if dir.is_some() {
+        return probe(name, dir, name, missing);
+    }
+    match kernel {
+        Some(k) if k >= since => Check {
+            name,
+            presence: Presence::Present,
+            location: None,
+            explanation: Some(format!("inferred from the kernel release {}.{}", k.0, k.1)),
+        },
+        Some(_) => Check {
+            name,
+            presence: Presence::Missing,
+            location: None,
+            explanation: Some(missing.to_owned()),
+        },
+        None => probe(name, None, name, missing),
+    }
+}
+
+/// `(major, minor)` of the running kernel.
+fn kernel_release() -> Option<(u32, u32)> {
+    let uname = rustix::system::uname();
+    parse_release(&uname.release().to_string_lossy())
+}
+
+fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Whether each parent, or its nearest existing ancestor, is writable by this process.
+fn parent_check(dirs: &[GroupDir]) -> ParentCheck {
+    let mut not_writable = Vec::new();
+    for d in dirs {
+        let existing = d.dir.ancestors().find(|a| a.exists());
+        let ok = existing.is_some_and(|e| access(e, Access::WRITE_OK).is_ok());
+        if !ok {
+            not_writable.push(existing.unwrap_or(&d.dir).display().to_string());
+        }
+    }
+    ParentCheck {
+        paths: dirs.iter().map(|d| d.dir.clone()).collect(),
+        writable: not_writable.is_empty(),
+        explanation: (!not_writable.is_empty()).then(|| {
+            format!(
+                "not writable by this process: {}; run airlock as root or delegate the cgroup \
+                 to its user",
+                not_writable.join(", ")
+            )
+        }),
+    }
+}
+
+impl fmt::Display for HierarchyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let version = match self.version {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        };
+        writeln!(f, "cgroup {version}")?;
+        let checks = self.controllers.iter().chain([
+            &self.swap_accounting,
+            &self.cgroup_kill,
+            &self.memory_peak,
+        ]);
+        for c in checks {
+            let presence = match c.presence {
+                Presence::Present => "present",
+                Presence::Missing => "MISSING",
+                Presence::Unknown => "unknown",
+            };
+            write!(f, "  {:<16} {presence:<8}", c.name)?;
+            if let Some(l) = &c.location {
+                write!(f, " {}", l.display())?;
+            }
+            if let Some(e) = &c.explanation {
+                write!(f, " ({e})")?;
+            }
+            writeln!(f)?;
+        }
+        let paths: Vec<String> = self
+            .parent
+            .paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let writable = if self.parent.writable {
+            "writable"
+        } else {
+            "NOT WRITABLE"
+        };
+        write!(f, "  {:<16} {writable:<8} {}", "parent", paths.join(", "))?;
+        if let Some(e) = &self.parent.explanation {
+            write!(f, " ({e})")?;
+        }
+        writeln!(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CgroupError;
+    use crate::hierarchy::tests::{
+        V1_HOST_CGROUP, V1_HOST_MOUNTINFO, V2_HOST_CGROUP, V2_HOST_MOUNTINFO,
+    };
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn kernel_release_parses() {
+        assert_eq!(parse_release("6.18.44-fc-v595"), Some((6, 18)));
+        assert_eq!(parse_release("5.4.0-150-generic"), Some((5, 4)));
+        assert_eq!(parse_release("weird"), None);
+    }
+
+    #[test]
+    fn v1_report_names_each_controller_and_the_auto_parent() -> Result<(), CgroupError> {
+        let h = Hierarchy::from_proc_files(V1_HOST_MOUNTINFO, V1_HOST_CGROUP)?;
+        let r = h.report();
+        assert_eq!(r.version, CgroupVersion::V1);
+        let names: Vec<_> = r.controllers.iter().map(|c| (c.name, c.presence)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("memory", Presence::Present),
+                ("cpu", Presence::Present),
+                ("cpuacct", Presence::Present),
+                ("pids", Presence::Present),
+            ]
+        );
+        assert_eq!(
+            r.parent.paths,
+            vec![
+                PathBuf::from(
+                    "/sys/fs/cgroup/memory/process_api/e06560a26e54fc968d29901ab09954ec/airlock"
+                ),
+                PathBuf::from("/sys/fs/cgroup/cpu/airlock"),
+                PathBuf::from("/sys/fs/cgroup/cpuacct/airlock"),
+                PathBuf::from("/sys/fs/cgroup/pids/airlock"),
+            ]
+        );
+        assert_eq!(r.cgroup_kill.presence, Presence::Missing);
+        assert!(r.to_string().starts_with("cgroup v1\n  memory"));
+        Ok(())
+    }
+
+    #[test]
+    fn v2_report_without_controllers_explains() -> Result<(), CgroupError> {
+        let h = Hierarchy::from_proc_files(V2_HOST_MOUNTINFO, V2_HOST_CGROUP)?
+            .with_unified_controllers("memory pids");
+        let r = h.report();
+        assert_eq!(r.version, CgroupVersion::V2);
+        assert!(!r.ready());
+        let missing: Vec<_> = r
+            .controllers
+            .iter()
+            .filter(|c| c.presence != Presence::Present)
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(missing, vec!["cpu"]);
+        Ok(())
+    }
+}
