@@ -285,18 +285,18 @@ pub fn render_policy(json: &str) -> Result<String, SeccompError> {
     let policy = parse_policy(json)?;
     let compiled = CompiledSeccomp::from_policy_json(json)?;
 
-    let mut numbers = BTreeMap::new();
-    for filter in policy.values() {
-        for rule in &filter.filter {
-            if !numbers.contains_key(rule.syscall.as_str()) {
-                numbers.insert(rule.syscall.as_str(), syscall_number(&rule.syscall)?);
-            }
-        }
-    }
-
+    let mut numbers: BTreeMap<&str, u32> = BTreeMap::new();
     let mut rows = Vec::new();
     for (name, filter) in &policy {
         for (position, rule) in filter.filter.iter().enumerate() {
+            let number = match numbers.get(rule.syscall.as_str()) {
+                Some(number) => *number,
+                None => {
+                    let number = syscall_number(&rule.syscall)?;
+                    numbers.insert(&rule.syscall, number);
+                    number
+                }
+            };
             let conditions = match &rule.args {
                 None => "-".to_owned(),
                 Some(args) => args
@@ -307,10 +307,7 @@ pub fn render_policy(json: &str) -> Result<String, SeccompError> {
             };
             rows.push(Row {
                 sort_key: (rule.syscall.clone(), *name, position),
-                number: numbers
-                    .get(rule.syscall.as_str())
-                    .copied()
-                    .unwrap_or_default(),
+                number,
                 action: filter.match_action.to_string(),
                 conditions,
                 comment: rule.comment.clone(),
