@@ -1,0 +1,3 @@
+//! Integration suites.
+
+mod host_probe;
