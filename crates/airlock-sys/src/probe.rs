@@ -271,11 +271,18 @@ pub fn attempt(call: DangerousCall) -> Attempt {
     if pid == 0 {
         child_main(call, report_fd);
     }
-    drop(writer);
-    let Some(child) = Pid::from_raw(pid) else {
+    if pid < 0 {
         return Attempt::Harness {
             step: "fork",
             errno: errno_from_raw(i64::from(last_errno())),
+        };
+    }
+    drop(writer);
+    // Checked above: never -1 (which `kill` and `waitpid` would read as "every process").
+    let Some(child) = Pid::from_raw(pid) else {
+        return Attempt::Harness {
+            step: "fork",
+            errno: Errno::INVAL,
         };
     };
     let report = read_report(&reader, child);
