@@ -1,0 +1,59 @@
+//! `kill_all` kills what is in the group and nothing else; `Drop` cleans up.
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use pretty_assertions::assert_eq;
+
+use super::common::{SMALL, members, place, real_parent, spawn_sleep};
+
+#[test]
+fn kill_all_kills_every_member_and_spares_outsiders() -> Result<()> {
+    let Some(p) = real_parent("kill")? else {
+        return Ok(());
+    };
+    let job = p.manager.create_job("kill", &SMALL)?;
+    let mut inside = vec![spawn_sleep()?, spawn_sleep()?, spawn_sleep()?];
+    let mut outsider = spawn_sleep()?;
+    for c in &inside {
+        place(&job, c.pid())?;
+    }
+    let mut listed = members(&job)?;
+    listed.sort_unstable();
+    let mut expected: Vec<u32> = inside.iter().map(|c| c.pid()).collect();
+    expected.sort_unstable();
+    assert_eq!(listed, expected);
+    assert!(!job.wait_empty(Duration::from_millis(50))?);
+
+    job.kill_all()?;
+    for c in &mut inside {
+        let status = c
+            .wait_timeout(Duration::from_secs(5))?
+            .context("member survived")?;
+        assert_eq!(status.signal(), Some(9));
+    }
+    assert!(job.wait_empty(Duration::from_secs(2))?);
+    assert_eq!(outsider.0.try_wait()?, None, "the outsider was killed");
+    job.remove()?;
+    outsider.0.kill()?;
+    Ok(())
+}
+
+#[test]
+fn dropping_a_job_kills_and_removes_it() -> Result<()> {
+    let Some(p) = real_parent("drop")? else {
+        return Ok(());
+    };
+    let job = p.manager.create_job("dropped", &SMALL)?;
+    let mut child = spawn_sleep()?;
+    place(&job, child.pid())?;
+    let paths = job.paths();
+    drop(job);
+    let status = child
+        .wait_timeout(Duration::from_secs(5))?
+        .context("member survived drop")?;
+    assert_eq!(status.signal(), Some(9));
+    assert!(paths.iter().all(|p| !p.exists()), "{paths:?}");
+    Ok(())
+}

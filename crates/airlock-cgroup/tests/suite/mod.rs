@@ -1,0 +1,6 @@
+mod common;
+mod kill;
+mod leak;
+mod limits;
+mod oom;
+mod pids;
