@@ -1,8 +1,13 @@
 //! airlock-sys owns every `unsafe` block of airlock: small, documented wrappers over the
-//! Linux syscalls the sandbox needs (fork, namespaces, mounts, capabilities, rlimits,
-//! seccomp, pidfds). It makes no policy decisions and holds no state: callers decide what to
-//! do, this crate only does it safely. Each unsafe block carries a `// SAFETY:` comment.
+//! Linux syscalls the sandbox needs (fork, namespaces, mounts, fd passing, seccomp,
+//! network interfaces). It makes no policy decisions and holds no state: callers decide
+//! what to do, this crate only does it soundly. Each unsafe block carries a `// SAFETY:`
+//! comment. Calls that rustix already wraps safely (capabilities, uid switching, rlimits,
+//! pivot_root, pidfds) are used from rustix directly by the callers.
 
+pub mod mount;
+pub mod net;
+pub mod process;
 pub mod seccomp;
 
 #[cfg(feature = "probe")]
