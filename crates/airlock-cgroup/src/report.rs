@@ -83,14 +83,26 @@ impl Hierarchy {
     /// The report for a given parent spec.
     pub fn report_for(&self, spec: &ParentSpec) -> HierarchyReport {
         let version = self.version();
+        let mut note = None;
         let planned: Result<Vec<GroupDir>, String> = match version {
             CgroupVersion::V1 => v1::plan_parents(self, spec).map_err(|e| e.to_string()),
             CgroupVersion::V2 => v2::plan_parent(self, spec, std::process::id())
-                .map(|p| vec![p.parent])
+                .map(|p| {
+                    note = p
+                        .move_self_to
+                        .map(|s| format!("airlock will first move itself into {}", s.display()));
+                    vec![p.parent]
+                })
                 .map_err(|e| e.to_string()),
         };
         let parent = match &planned {
-            Ok(dirs) => parent_check(dirs),
+            Ok(dirs) => {
+                let mut check = parent_check(dirs);
+                if check.explanation.is_none() {
+                    check.explanation = note;
+                }
+                check
+            }
             Err(e) => ParentCheck {
                 paths: Vec::new(),
                 writable: false,

@@ -57,3 +57,39 @@ fn dropping_a_job_kills_and_removes_it() -> Result<()> {
     assert!(paths.iter().all(|p| !p.exists()), "{paths:?}");
     Ok(())
 }
+
+#[test]
+fn kill_all_stops_a_fork_bomb() -> Result<()> {
+    if !std::path::Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: bomb: /usr/bin/python3 is missing");
+        return Ok(());
+    }
+    let Some(p) = real_parent("bomb")? else {
+        return Ok(());
+    };
+    let limits = airlock_cgroup::JobLimits {
+        memory_bytes: 256 << 20,
+        cpu_millis: 500,
+        pids_max: 32,
+    };
+    let job = p.manager.create_job("bomb", &limits)?;
+    // Every process forks in a loop and ignores failures, so the group stays at pids.max
+    // and new processes keep appearing while the sweep runs.
+    let mut sh = super::common::spawn_gated_shell(
+        "read x; exec /usr/bin/python3 -c '\nimport os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n'",
+    )?;
+    place(&job, sh.pid())?;
+    sh.release()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let population = members(&job)?.len();
+    assert!(
+        population > 16,
+        "the bomb did not grow: {population} processes"
+    );
+    job.kill_all()?;
+    assert!(job.wait_empty(Duration::from_secs(2))?);
+    sh.wait_timeout(Duration::from_secs(5))?
+        .context("root shell survived")?;
+    job.remove()?;
+    Ok(())
+}
