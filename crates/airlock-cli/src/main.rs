@@ -1,1 +1,136 @@
-fn main() {}
+//! The `airlock` command: run one job, check the host, check a policy.
+//!
+//! The hidden first argument `__airlock-init` turns this binary into the sandbox init; it
+//! is dispatched before anything else happens (no argument parsing, no logging, no
+//! threads), because namespace setup must run in a fresh single-threaded process.
+#![forbid(unsafe_code)]
+
+mod doctor;
+mod run;
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code when airlock itself could not run the job (DESIGN §3).
+pub const EXIT_AIRLOCK_ERROR: u8 = 125;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "airlock",
+    version,
+    about = "Run untrusted code in a disposable, hardened sandbox and get a bounded JSON observation back",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one job.
+    Run(run::RunArgs),
+    /// Show what this host can enforce, control by control.
+    Doctor(doctor::DoctorArgs),
+    /// Policy files.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Validate a policy file (unknown keys and out-of-range values are errors).
+    Check {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Print the effective policy with every default filled in.
+    Show {
+        /// A policy file; the built-in policy when omitted.
+        file: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    if std::env::args_os().nth(1).as_deref() == Some(OsStr::new(airlock_native::plan::INIT_ARG)) {
+        airlock_native::init::main();
+    }
+    init_logging();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Doctor(args) => doctor::doctor(args),
+        Command::Policy(PolicyCommand::Check { file }) => policy_check(&file),
+        Command::Policy(PolicyCommand::Show { file }) => policy_show(file.as_deref()),
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn policy_check(file: &std::path::Path) -> ExitCode {
+    match airlock_engine::LoadedPolicy::from_file(file) {
+        Ok(loaded) => {
+            let p = &loaded.policy;
+            println!(
+                "ok: {} is valid (version {}; timeout {}, memory {}, cpus {}, pids {}; network {}; rootfs {}; languages {})",
+                file.display(),
+                p.version,
+                airlock_core::units::format_duration(p.limits.timeout),
+                p.limits.memory,
+                p.limits.cpus,
+                p.limits.pids,
+                p.network.mode,
+                p.filesystem.rootfs,
+                p.languages.keys().cloned().collect::<Vec<_>>().join(", "),
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("airlock: {}", error_chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn policy_show(file: Option<&std::path::Path>) -> ExitCode {
+    let loaded = match file {
+        Some(path) => airlock_engine::LoadedPolicy::from_file(path),
+        None => Ok(airlock_engine::LoadedPolicy::builtin()),
+    };
+    match loaded {
+        Ok(loaded) => {
+            print!("{}", loaded.policy.to_toml());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("airlock: {}", error_chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// An error and its sources, joined with ": ".
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}

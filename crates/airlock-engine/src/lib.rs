@@ -1,1 +1,316 @@
-//! airlock-engine
+//! airlock-engine runs one job end to end: it checks the request against the policy,
+//! hands it to a backend, turns the backend's report into the observation, and writes the
+//! audit line. It is the one crate that knows every backend; it holds no sandboxing code.
+#![forbid(unsafe_code)]
+
+pub mod audit;
+pub mod error;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use airlock_core::audit::{AuditContext, AuditRecord};
+use airlock_core::policy::{BUILTIN_ORIGIN, Policy};
+use airlock_core::{Backend, BackendError, BackendKind, ErrorKind, JobId, JobRequest, Observation};
+
+pub use audit::AuditLog;
+pub use error::EngineError;
+
+/// A policy and where it came from (relative paths in it resolve against its directory).
+#[derive(Debug, Clone)]
+pub struct LoadedPolicy {
+    /// The policy.
+    pub policy: Policy,
+    /// The file it was read from; `None` for the built-in policy.
+    pub path: Option<PathBuf>,
+}
+
+impl LoadedPolicy {
+    /// The built-in policy.
+    pub fn builtin() -> Self {
+        Self {
+            policy: Policy::builtin(),
+            path: None,
+        }
+    }
+
+    /// Reads and validates a policy file.
+    pub fn from_file(path: &Path) -> Result<Self, EngineError> {
+        let text = std::fs::read_to_string(path).map_err(|source| EngineError::ReadPolicy {
+            path: path.to_owned(),
+            source,
+        })?;
+        let policy = Policy::from_toml(&text, &path.display().to_string())?;
+        Ok(Self {
+            policy,
+            path: Some(path.to_owned()),
+        })
+    }
+
+    /// Where the audit log goes: an absolute path as is; a relative one against the policy
+    /// file's directory, or for the built-in policy against the state directory.
+    pub fn audit_path(&self) -> PathBuf {
+        let configured = &self.policy.audit.path;
+        if configured.is_absolute() {
+            return configured.clone();
+        }
+        let base = match &self.path {
+            Some(file) => file
+                .parent()
+                .map(Path::to_owned)
+                .unwrap_or_else(|| PathBuf::from(".")),
+            None => state_dir(),
+        };
+        base.join(configured)
+    }
+
+    /// Where errors say the policy came from.
+    pub fn origin(&self) -> String {
+        self.path
+            .as_ref()
+            .map_or_else(|| BUILTIN_ORIGIN.to_owned(), |p| p.display().to_string())
+    }
+}
+
+/// airlock's state directory: `$AIRLOCK_STATE_DIR`, else `/var/lib/airlock` for root,
+/// else `$XDG_STATE_HOME/airlock`, else `~/.local/state/airlock`.
+pub fn state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("AIRLOCK_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if rustix::process::geteuid().is_root() {
+        return PathBuf::from("/var/lib/airlock");
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("airlock");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/state/airlock"),
+        None => std::env::temp_dir().join("airlock-state"),
+    }
+}
+
+/// Runs jobs: policy check, backend, observation, audit.
+pub struct Engine {
+    policy: Policy,
+    backend_kind: BackendKind,
+    backend: Result<Arc<dyn Backend>, BackendError>,
+    audit: AuditLog,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("policy_version", &self.policy.version)
+            .field("backend", &self.backend_kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine. `backend` may be the error of a backend that could not start: every job
+    /// then ends as that error (and is still audited).
+    pub fn new(
+        policy: Policy,
+        backend_kind: BackendKind,
+        backend: Result<Arc<dyn Backend>, BackendError>,
+        audit: AuditLog,
+    ) -> Self {
+        Self {
+            policy,
+            backend_kind,
+            backend,
+            audit,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Runs one job and returns its observation. Never fails: every failure is an
+    /// observation with `outcome: "error"`.
+    pub async fn run(&self, request: JobRequest) -> Observation {
+        self.run_with(request, None).await
+    }
+
+    /// Like [`Engine::run`], recording `tenant` in the audit line.
+    pub async fn run_with(&self, request: JobRequest, tenant: Option<String>) -> Observation {
+        let received_at = SystemTime::now();
+        let started = Instant::now();
+        let mut context = AuditContext {
+            received_at: Some(received_at),
+            tenant,
+            language: Some(request.language.clone()),
+            source_bytes: request.source.len() as u64,
+            input_files: request.files.len() as u64,
+            ..Default::default()
+        };
+        let version = self.policy.version.clone();
+        let observation = match request.resolve(&self.policy) {
+            Err(e) => {
+                tracing::info!(kind = %e.kind(), error = %e, "request refused");
+                Observation::error(
+                    JobId::generate(),
+                    self.backend_kind,
+                    &version,
+                    e.kind(),
+                    e.to_string(),
+                )
+            }
+            Ok(spec) => {
+                context.source_sha256 = Some(spec.source_sha256.clone());
+                context.limits = Some(spec.limits.clone());
+                context.network = Some(spec.network);
+                let span =
+                    tracing::info_span!("job", job_id = %spec.id, backend = %self.backend_kind);
+                let _entered = span.enter();
+                match &self.backend {
+                    Err(e) => Observation::error(
+                        spec.id.clone(),
+                        self.backend_kind,
+                        &version,
+                        e.kind,
+                        e.message.clone(),
+                    ),
+                    Ok(backend) => match backend.run(&spec).await {
+                        Ok(report) => {
+                            context.setup = report.setup;
+                            report.into_observation(
+                                spec.id.clone(),
+                                self.backend_kind,
+                                &version,
+                                &|text| (text, 0),
+                            )
+                        }
+                        Err(e) => {
+                            tracing::warn!(kind = %e.kind, error = %e.message, "job failed to run");
+                            Observation::error(
+                                spec.id.clone(),
+                                self.backend_kind,
+                                &version,
+                                e.kind,
+                                e.message,
+                            )
+                        }
+                    },
+                }
+            }
+        };
+        context.total = started.elapsed();
+        if let Err(e) = self.audit.append(&AuditRecord::new(context, &observation)) {
+            // The job ran; losing its result would not make the log whole again.
+            tracing::error!(error = %e, source = ?std::error::Error::source(&e), "audit line not written");
+        }
+        observation
+    }
+}
+
+/// The error observation for a job that never reached the engine (for example, the
+/// policy file itself is unreadable).
+pub fn early_error(
+    kind: ErrorKind,
+    message: impl Into<String>,
+    policy_version: &str,
+) -> Observation {
+    Observation::error(
+        JobId::generate(),
+        BackendKind::Native,
+        policy_version,
+        kind,
+        message,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::{BoxFuture, Capabilities, JobSpec, RunReport};
+
+    struct Refusing;
+    impl Backend for Refusing {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Native
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                backend: BackendKind::Native,
+                network_proxy: false,
+                out_dir: false,
+                image_rootfs: false,
+            }
+        }
+        fn run<'a>(&'a self, _job: &'a JobSpec) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+            Box::pin(async { Err(BackendError::new(ErrorKind::BackendUnavailable, "down")) })
+        }
+    }
+
+    fn engine(dir: &Path) -> Engine {
+        Engine::new(
+            Policy::builtin(),
+            BackendKind::Native,
+            Ok(Arc::new(Refusing)),
+            AuditLog::open(&dir.join("audit.jsonl"), true).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn refused_requests_are_audited_without_their_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path());
+        let obs = engine
+            .run(JobRequest {
+                language: "cobol".into(),
+                source: b"SECRET-SOURCE".to_vec(),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(obs.error.as_ref().unwrap().kind, ErrorKind::InvalidInput);
+        let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+        assert_eq!(log.lines().count(), 1);
+        assert!(!log.contains("SECRET-SOURCE"));
+        let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        assert_eq!(line["job_id"], serde_json::json!(obs.job_id));
+        assert_eq!(line["error_kind"], "invalid_input");
+    }
+
+    #[tokio::test]
+    async fn backend_errors_become_error_observations() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path());
+        let obs = engine
+            .run(JobRequest {
+                language: "python".into(),
+                source: b"print(1)".to_vec(),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(obs.outcome, airlock_core::Outcome::Error);
+        assert_eq!(
+            obs.error.as_ref().unwrap().kind,
+            ErrorKind::BackendUnavailable
+        );
+        let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+        let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        assert!(
+            line["source_sha256"]
+                .as_str()
+                .unwrap()
+                .starts_with("sha256:")
+        );
+    }
+
+    #[test]
+    fn audit_paths_resolve_against_the_policy_file() {
+        let loaded = LoadedPolicy {
+            policy: Policy::builtin(),
+            path: Some(PathBuf::from("/etc/airlock/policy.toml")),
+        };
+        assert_eq!(
+            loaded.audit_path(),
+            PathBuf::from("/etc/airlock/audit.jsonl")
+        );
+    }
+}

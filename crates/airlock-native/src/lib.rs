@@ -1,1 +1,16 @@
-//! airlock-native
+//! airlock-native: the native Linux backend. The supervisor side (spawning the sandbox,
+//! cgroup limits, wall-time kill, bounded capture, teardown) runs inside the async
+//! executor; the sandbox side (namespaces, mounts, privilege drop, seccomp, exec) runs in a
+//! freshly executed single-threaded helper ([`init::main`]), never in the async process.
+//! Every `unsafe` operation goes through airlock-sys.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod error;
+pub mod init;
+pub mod jobdir;
+pub mod mount_plan;
+pub mod plan;
+
+pub use backend::{NativeBackend, NativeConfig};
+pub use error::NativeError;

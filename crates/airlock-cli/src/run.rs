@@ -1,0 +1,356 @@
+//! `airlock run`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use airlock_core::policy::NetworkMode;
+use airlock_core::units::parse_duration;
+use airlock_core::{
+    Backend, BackendError, BackendKind, ByteSize, Cpus, ErrorKind, InputFile, JobRequest,
+    LimitsRequest, NetworkRequest, Observation, Outcome,
+};
+use airlock_engine::{AuditLog, Engine, LoadedPolicy};
+use clap::Args;
+
+use crate::{EXIT_AIRLOCK_ERROR, error_chain};
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The program: a file, or - for stdin. Use -c to give it inline.
+    #[arg(value_name = "FILE|-", conflicts_with = "code")]
+    file: Option<PathBuf>,
+
+    /// The program's source, inline.
+    #[arg(short = 'c', long = "code", value_name = "CODE")]
+    code: Option<String>,
+
+    /// Language: python, node, bash, sh (default: from FILE's extension, else python).
+    #[arg(short = 'l', long = "lang", value_name = "LANG")]
+    lang: Option<String>,
+
+    /// An input file placed at /work/NAME (repeatable). Its executable bit is kept.
+    #[arg(long = "file", value_name = "NAME=PATH")]
+    files: Vec<String>,
+
+    /// A file whose content is the program's stdin (otherwise stdin is empty).
+    #[arg(long = "stdin", value_name = "PATH")]
+    stdin: Option<PathBuf>,
+
+    /// An environment variable for the program; the policy must allow its name (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+
+    /// Wall-time limit, e.g. 5s or 500ms (at most the policy's).
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+
+    /// Memory limit, e.g. 256MiB (at most the policy's).
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+
+    /// CPU share, e.g. 0.5 (at most the policy's).
+    #[arg(long, value_name = "CPUS")]
+    cpus: Option<String>,
+
+    /// Process and thread limit (at most the policy's).
+    #[arg(long, value_name = "N")]
+    pids: Option<u32>,
+
+    /// Network: none, or proxy (only allowlisted hosts, through airlock's egress proxy).
+    #[arg(long = "net", value_name = "MODE", default_value = "none")]
+    net: String,
+
+    /// A host the proxy may reach, HOST[:PORT]; must be in the policy (repeatable).
+    #[arg(long = "allow", value_name = "HOST[:PORT]")]
+    allow: Vec<String>,
+
+    /// Enable /out; accepted files are copied to DIR.
+    #[arg(long = "out", value_name = "DIR")]
+    out: Option<PathBuf>,
+
+    /// Backend: native, docker, podman, gvisor, kube.
+    #[arg(long, value_name = "BACKEND", default_value = "native")]
+    backend: String,
+
+    /// Root filesystem image, REF@sha256:…
+    #[arg(long, value_name = "REF@sha256:…")]
+    image: Option<String>,
+
+    /// Policy file (default: the built-in policy).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+
+    /// Print exactly one observation object on stdout.
+    #[arg(long)]
+    json: bool,
+
+    /// Arguments passed to the program after the source file.
+    #[arg(last = true, value_name = "ARGS")]
+    args: Vec<String>,
+}
+
+/// The observation's exit code for the shell.
+fn exit_code(observation: &Observation) -> ExitCode {
+    ExitCode::from(u8::try_from(observation.cli_exit_code()).unwrap_or(EXIT_AIRLOCK_ERROR))
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let json = args.json;
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return finish(
+                json,
+                &airlock_engine::early_error(
+                    ErrorKind::Internal,
+                    format!("start runtime: {e}"),
+                    "unknown",
+                ),
+            );
+        }
+    };
+    let observation = runtime.block_on(run_async(args));
+    finish(json, &observation)
+}
+
+fn finish(json: bool, observation: &Observation) -> ExitCode {
+    if json {
+        match serde_json::to_string(observation) {
+            Ok(text) => println!("{text}"),
+            Err(e) => eprintln!("airlock: cannot encode the observation: {e}"),
+        }
+    } else {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(observation.stdout.as_bytes());
+        let _ = out.flush();
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(observation.stderr.as_bytes());
+        let _ = writeln!(err, "{}", summary(observation));
+    }
+    exit_code(observation)
+}
+
+fn summary(o: &Observation) -> String {
+    if let Some(error) = &o.error {
+        return format!("airlock: error ({}): {}", error.kind, error.message);
+    }
+    let how = match o.outcome {
+        Outcome::Exited => format!("exited {}", o.exit_code.unwrap_or(-1)),
+        Outcome::Timeout => "timed out".to_owned(),
+        Outcome::Oom => "killed: out of memory".to_owned(),
+        Outcome::OutputLimit => "killed: too much output".to_owned(),
+        Outcome::Killed => format!("killed by {}", o.signal.as_deref().unwrap_or("a signal")),
+        Outcome::Error => "error".to_owned(),
+    };
+    let mut parts = vec![format!("{how} after {} ms", o.duration_ms)];
+    if let Some(cpu) = o.cpu_ms {
+        parts.push(format!("cpu {cpu} ms"));
+    }
+    if let Some(peak) = o.peak_memory_bytes {
+        parts.push(format!(
+            "peak memory {:.1} MiB",
+            peak as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    if o.stdout_truncated {
+        parts.push(format!("stdout cut: {} bytes written", o.stdout_bytes));
+    }
+    if o.stderr_truncated {
+        parts.push(format!("stderr cut: {} bytes written", o.stderr_bytes));
+    }
+    format!(
+        "airlock: {} [{}, policy {}, job {}]",
+        parts.join(", "),
+        o.backend,
+        o.policy_version,
+        o.job_id
+    )
+}
+
+/// An early failure: the job never reached the engine.
+fn refuse(kind: ErrorKind, message: impl Into<String>, version: &str) -> Observation {
+    airlock_engine::early_error(kind, message, version)
+}
+
+async fn run_async(args: RunArgs) -> Observation {
+    let loaded = match &args.policy {
+        Some(path) => match LoadedPolicy::from_file(path) {
+            Ok(p) => p,
+            Err(e) => return refuse(ErrorKind::InvalidInput, error_chain(&e), "unknown"),
+        },
+        None => LoadedPolicy::builtin(),
+    };
+    let version = loaded.policy.version.clone();
+    let request = match build_request(&args) {
+        Ok(r) => r,
+        Err(e) => return refuse(e.0, e.1, &version),
+    };
+    let backend_kind: BackendKind = match args.backend.parse() {
+        Ok(kind) => kind,
+        Err(e) => return refuse(ErrorKind::InvalidInput, e, &version),
+    };
+    if args.out.is_some() {
+        return refuse(
+            ErrorKind::BackendUnavailable,
+            "--out: releasing files from /out is not built yet",
+            &version,
+        );
+    }
+    if args.image.is_some() {
+        return refuse(
+            ErrorKind::BackendUnavailable,
+            "--image: OCI image rootfs is not built yet; use a policy with rootfs \"host\" or \"dir:/path\"",
+            &version,
+        );
+    }
+    let audit_path = loaded.audit_path();
+    let audit = match AuditLog::open(&audit_path, loaded.policy.audit.fsync) {
+        Ok(a) => a,
+        Err(e) => return refuse(ErrorKind::Internal, error_chain(&e), &version),
+    };
+    let backend = make_backend(backend_kind, &loaded);
+    let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
+    engine.run(request).await
+}
+
+fn make_backend(
+    kind: BackendKind,
+    loaded: &LoadedPolicy,
+) -> Result<Arc<dyn Backend>, BackendError> {
+    match kind {
+        BackendKind::Native => {
+            let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
+            let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
+            let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
+            Ok(Arc::new(backend))
+        }
+        other => Err(BackendError::new(
+            ErrorKind::BackendUnavailable,
+            format!("the {other} backend is not built yet; use --backend native"),
+        )),
+    }
+}
+
+type RequestError = (ErrorKind, String);
+
+fn invalid(message: impl Into<String>) -> RequestError {
+    (ErrorKind::InvalidInput, message.into())
+}
+
+fn language_for(path: &Path) -> Option<&'static str> {
+    match path.extension()?.to_str()? {
+        "py" => Some("python"),
+        "js" | "mjs" | "cjs" => Some("node"),
+        "sh" => Some("sh"),
+        "bash" => Some("bash"),
+        _ => None,
+    }
+}
+
+fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
+    let (source, language_hint) = match (&args.code, &args.file) {
+        (Some(code), _) => (code.clone().into_bytes(), None),
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .map_err(|e| invalid(format!("read the program from stdin: {e}")))?;
+            (bytes, None)
+        }
+        (None, Some(path)) => {
+            let bytes = std::fs::read(path)
+                .map_err(|e| invalid(format!("read {}: {e}", path.display())))?;
+            (bytes, language_for(path))
+        }
+        (None, None) => {
+            return Err(invalid("no program: give a FILE, - for stdin, or -c CODE"));
+        }
+    };
+    let language = args
+        .lang
+        .clone()
+        .or(language_hint.map(str::to_owned))
+        .unwrap_or_else(|| "python".to_owned());
+
+    let mut files = Vec::new();
+    for spec in &args.files {
+        let (name, path) = spec
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("--file {spec:?}: expected NAME=PATH")))?;
+        let path = Path::new(path);
+        let meta = std::fs::metadata(path)
+            .map_err(|e| invalid(format!("--file {name}: {}: {e}", path.display())))?;
+        if !meta.is_file() {
+            return Err(invalid(format!(
+                "--file {name}: {} is not a regular file",
+                path.display()
+            )));
+        }
+        let content = std::fs::read(path)
+            .map_err(|e| invalid(format!("--file {name}: {}: {e}", path.display())))?;
+        files.push(InputFile {
+            path: name.to_owned(),
+            content,
+            executable: meta.permissions().mode() & 0o111 != 0,
+        });
+    }
+    let stdin = match &args.stdin {
+        Some(path) => Some(
+            std::fs::read(path).map_err(|e| invalid(format!("--stdin {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    let mut env = BTreeMap::new();
+    for spec in &args.env {
+        let (name, value) = spec
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("--env {spec:?}: expected NAME=VALUE")))?;
+        env.insert(name.to_owned(), value.to_owned());
+    }
+    let limits = LimitsRequest {
+        timeout: args
+            .timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|e| invalid(format!("--timeout: {e}")))?,
+        memory: args
+            .memory
+            .as_deref()
+            .map(str::parse::<ByteSize>)
+            .transpose()
+            .map_err(|e| invalid(format!("--memory: {e}")))?,
+        cpus: args
+            .cpus
+            .as_deref()
+            .map(str::parse::<Cpus>)
+            .transpose()
+            .map_err(|e| invalid(format!("--cpus: {e}")))?,
+        pids: args.pids,
+    };
+    let mode = match args.net.as_str() {
+        "none" => NetworkMode::None,
+        "proxy" => NetworkMode::Proxy,
+        other => return Err(invalid(format!("--net {other:?}: expected none or proxy"))),
+    };
+    Ok(JobRequest {
+        language,
+        source,
+        files,
+        stdin,
+        args: args.args.clone(),
+        limits,
+        network: NetworkRequest {
+            mode,
+            allow: args.allow.clone(),
+        },
+        env,
+    })
+}

@@ -1,0 +1,27 @@
+//! The engine's error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong around a job (not inside it).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The policy file cannot be read.
+    #[error("read policy {path}")]
+    ReadPolicy {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The policy file is invalid.
+    #[error(transparent)]
+    Policy(#[from] airlock_core::Error),
+    /// The audit log cannot be opened or written.
+    #[error("audit log {path}")]
+    Audit {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}

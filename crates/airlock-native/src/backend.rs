@@ -1,0 +1,601 @@
+//! The supervisor: prepares a job's directory, cgroup and plan, starts the sandbox helper,
+//! captures bounded output, enforces wall time and the output flood limit, and tears
+//! everything down.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use airlock_cgroup::{CgroupManager, Hierarchy, JobCgroup, JobLimits, JobStats, ParentSpec};
+use airlock_core::capture::{BoundedCapture, CapturedOutput};
+use airlock_core::policy::{CgroupParent, NetworkMode, Policy, RootfsSpec};
+use airlock_core::{
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, RunReport,
+    Termination,
+};
+use airlock_sys::seccomp::CompiledSeccomp;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, mpsc};
+
+use crate::error::NativeError;
+use crate::jobdir::{JobDir, RuntimeDir};
+use crate::mount_plan::{self, JobMounts, ROOT_TMPFS_BYTES, RootfsLayout};
+use crate::plan::{
+    INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, RlimitResource, RlimitSetting,
+    STATUS_FD, SandboxPlan,
+};
+
+/// Longest time from starting the helper to the program's exec.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for the helper to exit after it was killed.
+pub const KILL_GRACE: Duration = Duration::from_secs(5);
+/// Longest wait for the output pipes to close once every job process is gone.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for the job's cgroup to empty during teardown.
+pub const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
+/// Read size for the output pipes; also the supervisor's buffer per stream.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Most status events read from one sandbox (it sends three at most).
+pub const STATUS_EVENTS_MAX: usize = 16;
+/// Longest status line read.
+pub const STATUS_LINE_MAX_BYTES: u64 = 4096;
+/// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
+pub const CPU_RLIMIT_SLACK_SECS: u64 = 2;
+
+/// How the native backend is set up.
+#[derive(Debug, Clone)]
+pub struct NativeConfig {
+    /// The airlock binary, re-executed as the sandbox init.
+    pub helper: PathBuf,
+    /// Where job directories are created.
+    pub runtime_dir: PathBuf,
+    /// Where job cgroups are created.
+    pub cgroup_parent: CgroupParent,
+    /// As root: the first host id of the range the sandbox ids map to.
+    pub host_uid_base: u32,
+}
+
+impl NativeConfig {
+    /// The configuration a policy asks for, with `helper` as the init binary.
+    pub fn from_policy(policy: &Policy, helper: PathBuf) -> Self {
+        Self {
+            helper,
+            runtime_dir: RuntimeDir::default_path(),
+            cgroup_parent: policy.native.cgroup_parent.clone(),
+            host_uid_base: policy.native.host_uid_base,
+        }
+    }
+}
+
+/// The native backend.
+pub struct NativeBackend {
+    config: NativeConfig,
+    runtime: RuntimeDir,
+    cgroups: CgroupManager,
+    ids: IdMapping,
+    seccomp: CompiledSeccomp,
+    host_layout: RootfsLayout,
+}
+
+impl std::fmt::Debug for NativeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeBackend")
+            .field("config", &self.config)
+            .field("ids", &self.ids)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NativeBackend {
+    /// Checks the host and prepares what every job shares (cgroup parent, runtime
+    /// directory, compiled seccomp filter, host rootfs layout).
+    pub fn new(config: NativeConfig) -> Result<Self, NativeError> {
+        let euid = rustix::process::geteuid();
+        let ids = if euid.is_root() {
+            IdMapping::Root {
+                host_base: config.host_uid_base,
+            }
+        } else {
+            IdMapping::Rootless {
+                host_uid: euid.as_raw(),
+                host_gid: rustix::process::getegid().as_raw(),
+            }
+        };
+        let hierarchy = Hierarchy::detect()?;
+        let parent = match &config.cgroup_parent {
+            CgroupParent::Auto => ParentSpec::Auto,
+            CgroupParent::Path(p) => ParentSpec::Path(p.clone()),
+        };
+        let cgroups =
+            CgroupManager::new(hierarchy, parent).map_err(|e| NativeError::Unsupported {
+                control: "cgroup",
+                reason: format!(
+                    "{e}; the memory, CPU and process limits need a cgroup airlock may \
+                     manage (run as root, or in a delegated cgroup v2 subtree)"
+                ),
+            })?;
+        let runtime = RuntimeDir::open(&config.runtime_dir)?;
+        let seccomp = CompiledSeccomp::builtin()?;
+        let host_layout = RootfsLayout::probe_host().map_err(|source| NativeError::Rootfs {
+            path: PathBuf::from("/"),
+            source,
+        })?;
+        Ok(Self {
+            config,
+            runtime,
+            cgroups,
+            ids,
+            seccomp,
+            host_layout,
+        })
+    }
+
+    /// The cgroup manager (for doctor and leak checks).
+    pub fn cgroups(&self) -> &CgroupManager {
+        &self.cgroups
+    }
+
+    /// The runtime directory (for leak checks).
+    pub fn runtime_dir(&self) -> &RuntimeDir {
+        &self.runtime
+    }
+
+    /// The id mapping in use.
+    pub fn id_mapping(&self) -> IdMapping {
+        self.ids
+    }
+
+    fn check_supported(&self, job: &JobSpec) -> Result<(), NativeError> {
+        if job.network == NetworkMode::Proxy {
+            return Err(NativeError::FeatureUnavailable {
+                feature: "network mode proxy",
+                reason: "the egress proxy is not built yet; use network mode none".into(),
+            });
+        }
+        if job.filesystem.out.enabled {
+            return Err(NativeError::FeatureUnavailable {
+                feature: "/out",
+                reason: "output file release is not built yet; disable [filesystem] out".into(),
+            });
+        }
+        if let RootfsSpec::Image { .. } = job.filesystem.rootfs {
+            return Err(NativeError::FeatureUnavailable {
+                feature: "image rootfs",
+                reason: "OCI image import is not built yet; use rootfs \"host\" or \"dir:/path\""
+                    .into(),
+            });
+        }
+        let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        if let Some(hard) = nofile.maximum
+            && hard < u64::from(job.limits.open_files)
+        {
+            return Err(NativeError::Unsupported {
+                control: "rlimit",
+                reason: format!(
+                    "the policy's open_files is {} but airlock's own hard limit is {hard}, \
+                     and raising a hard limit needs CAP_SYS_RESOURCE; lower open_files or \
+                     start airlock with a higher `ulimit -Hn`",
+                    job.limits.open_files
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn plan(
+        &self,
+        job: &JobSpec,
+        jobdir: &JobDir,
+        cgroup: &JobCgroup,
+    ) -> Result<SandboxPlan, NativeError> {
+        let layout = match &job.filesystem.rootfs {
+            RootfsSpec::Host => self.host_layout.clone(),
+            RootfsSpec::Dir(path) => {
+                RootfsLayout::probe_dir(path).map_err(|source| NativeError::Rootfs {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+            RootfsSpec::Image { .. } => {
+                return Err(NativeError::FeatureUnavailable {
+                    feature: "image rootfs",
+                    reason: "not built yet".into(),
+                });
+            }
+        };
+        let mounts = mount_plan::build_mount_plan(
+            &layout,
+            &JobMounts {
+                workdir: jobdir.work(),
+                workdir_mode: job.filesystem.workdir,
+                tmp_bytes: job.limits.tmp.as_u64(),
+            },
+        );
+        let cpu_secs = (job.limits.timeout.as_secs_f64() * f64::from(job.limits.cpus.millis())
+            / 1000.0)
+            .ceil() as u64
+            + CPU_RLIMIT_SLACK_SECS;
+        Ok(SandboxPlan {
+            job_id: job.id.to_string(),
+            cgroup_procs: cgroup.procs_files(),
+            ids: self.ids,
+            new_root: jobdir.root(),
+            root_size_bytes: ROOT_TMPFS_BYTES,
+            mounts,
+            hostname: mount_plan::HOSTNAME.to_owned(),
+            loopback_up: true,
+            cwd: airlock_core::job::WORKDIR.to_owned(),
+            rlimits: vec![
+                RlimitSetting {
+                    resource: RlimitResource::Nofile,
+                    value: u64::from(job.limits.open_files),
+                },
+                RlimitSetting {
+                    resource: RlimitResource::Fsize,
+                    value: job.limits.file_size.as_u64(),
+                },
+                RlimitSetting {
+                    resource: RlimitResource::Core,
+                    value: 0,
+                },
+                RlimitSetting {
+                    resource: RlimitResource::Cpu,
+                    value: cpu_secs,
+                },
+            ],
+            argv: job.argv.clone(),
+            env: job.env.clone(),
+            seccomp: self.seccomp.clone(),
+        })
+    }
+
+    /// Runs one job in a fresh sandbox and removes the sandbox.
+    pub async fn run_job(&self, job: &JobSpec) -> Result<RunReport, NativeError> {
+        self.check_supported(job)?;
+        let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
+        let limits = JobLimits {
+            memory_bytes: job.limits.memory.as_u64(),
+            cpu_millis: job.limits.cpus.millis(),
+            pids_max: job.limits.pids + INIT_PROCESSES,
+        };
+        let cgroup = self.cgroups.create_job(job.id.as_str(), &limits)?;
+        let plan = self.plan(job, &jobdir, &cgroup)?;
+        let supervised = self.supervise(job, &plan).await;
+
+        // Teardown, whatever happened: kill what is left, read the accounting, remove the
+        // cgroup and the job directory. Blocking work, off the async threads.
+        let teardown = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
+        let stats = match teardown {
+            Ok(Ok(stats)) => stats,
+            Ok(Err(e)) => return Err(e),
+            Err(join) => return Err(NativeError::Helper(format!("teardown task: {join}"))),
+        };
+        let supervised = supervised?;
+        Ok(RunReport {
+            termination: supervised.termination,
+            limit_hit: supervised.limit_hit,
+            oom_kills: stats.oom_kills,
+            stdout: supervised.stdout,
+            stderr: supervised.stderr,
+            duration: supervised.duration,
+            setup: supervised.setup,
+            cpu_time: stats.cpu_time,
+            peak_memory_bytes: stats.peak_memory_bytes,
+            image_digest: None,
+        })
+    }
+
+    async fn supervise(
+        &self,
+        job: &JobSpec,
+        plan: &SandboxPlan,
+    ) -> Result<Supervised, NativeError> {
+        let spawned_at = Instant::now();
+        let (plan_read, plan_write) = cloexec_pipe()?;
+        let (status_read, status_write) = cloexec_pipe()?;
+        let mut cmd = std::process::Command::new(&self.config.helper);
+        cmd.arg(INIT_ARG)
+            .env_clear()
+            .current_dir("/")
+            .stdin(if job.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let passed = airlock_sys::process::pass_fds(
+            &mut cmd,
+            &[(&plan_read, PLAN_FD), (&status_write, STATUS_FD)],
+        )
+        .map_err(|e| NativeError::Helper(format!("pass descriptors: {e}")))?;
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| NativeError::SpawnHelper {
+            path: self.config.helper.clone(),
+            source,
+        })?;
+        drop(passed);
+        drop(plan_read);
+        drop(status_write);
+
+        let plan_json = serde_json::to_vec(plan)
+            .map_err(|e| NativeError::Helper(format!("encode plan: {e}")))?;
+        let mut plan_sender = tokio::net::unix::pipe::Sender::from_owned_fd(plan_write)
+            .map_err(|e| NativeError::Helper(format!("plan pipe: {e}")))?;
+        tokio::spawn(async move {
+            // EPIPE means the helper died early; its exit is handled below.
+            let _ = plan_sender.write_all(&plan_json).await;
+        });
+        if let (Some(mut stdin), Some(bytes)) = (child.stdin.take(), job.stdin.clone()) {
+            tokio::spawn(async move {
+                // The job may exit without reading its input.
+                let _ = stdin.write_all(&bytes).await;
+            });
+        }
+
+        let flood = Arc::new(Flood::new(job.limits.flood.as_u64()));
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| NativeError::Helper("no stdout pipe".into()))?;
+        let stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| NativeError::Helper("no stderr pipe".into()))?;
+        let stdout_task = tokio::spawn(capture_stream(
+            stdout,
+            usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX),
+            flood.clone(),
+        ));
+        let stderr_task = tokio::spawn(capture_stream(
+            stderr,
+            usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX),
+            flood.clone(),
+        ));
+        let status_receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(status_read)
+            .map_err(|e| NativeError::Helper(format!("status pipe: {e}")))?;
+        let (event_tx, mut events) = mpsc::channel(STATUS_EVENTS_MAX);
+        let status_task = tokio::spawn(read_events(status_receiver, event_tx));
+
+        // Phase 1: sandbox construction, up to the program's exec.
+        let setup_deadline = tokio::time::sleep(SETUP_TIMEOUT);
+        tokio::pin!(setup_deadline);
+        let mut final_event = None;
+        let started_at = loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(InitEvent::Started) => break Some(Instant::now()),
+                    Some(failed @ InitEvent::Failed { .. }) => {
+                        final_event = Some(failed);
+                        break None;
+                    }
+                    Some(other) => {
+                        tracing::warn!(job_id = %job.id, ?other, "event before start");
+                        final_event = Some(other);
+                    }
+                    None => break None,
+                },
+                _ = &mut setup_deadline => {
+                    let _ = child.start_kill();
+                    let _ = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+                    return Err(NativeError::Helper(format!(
+                        "the sandbox was not ready within {} s", SETUP_TIMEOUT.as_secs()
+                    )));
+                }
+            }
+        };
+
+        let Some(started_at) = started_at else {
+            let _ = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+            return Err(match final_event {
+                Some(InitEvent::Failed {
+                    step,
+                    errno,
+                    detail,
+                }) => {
+                    if step == "exec" && errno == Some(rustix::io::Errno::NOENT.raw_os_error()) {
+                        NativeError::InterpreterMissing { detail }
+                    } else {
+                        NativeError::Setup {
+                            step,
+                            errno,
+                            detail,
+                        }
+                    }
+                }
+                _ => NativeError::Helper("the sandbox init ended without reporting why".into()),
+            });
+        };
+
+        // Phase 2: the program runs, against the wall clock and the flood limit.
+        let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
+        let mut limit_hit = None;
+        let ended_at = tokio::select! {
+            _ = child.wait() => Instant::now(),
+            _ = tokio::time::sleep_until(deadline) => {
+                limit_hit = Some(LimitHit::Timeout);
+                Instant::now()
+            }
+            _ = flood.tripped.notified() => {
+                limit_hit = Some(LimitHit::OutputFlood);
+                Instant::now()
+            }
+        };
+        if limit_hit.is_some() {
+            // Killing the helper kills the init (parent-death signal), and the init's death
+            // kills every process in the pid namespace. Teardown sweeps the cgroup too.
+            let _ = child.start_kill();
+        }
+        if tokio::time::timeout(KILL_GRACE, child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(job_id = %job.id, "sandbox helper did not exit after SIGKILL");
+        }
+
+        // The status pipe closes once the helper and the init are gone.
+        if tokio::time::timeout(DRAIN_TIMEOUT, status_task)
+            .await
+            .is_err()
+        {
+            tracing::warn!(job_id = %job.id, "status pipe still open after the helper exited");
+        }
+        let mut termination = Termination::Unknown;
+        while let Ok(event) = events.try_recv() {
+            match event {
+                InitEvent::Exited { code } => termination = Termination::Exited(code),
+                InitEvent::Signaled { signal } => termination = Termination::Signaled(signal),
+                InitEvent::Started | InitEvent::Failed { .. } => {}
+            }
+        }
+        let stdout = drain(stdout_task).await;
+        let stderr = drain(stderr_task).await;
+        Ok(Supervised {
+            termination,
+            limit_hit,
+            stdout,
+            stderr,
+            duration: ended_at.saturating_duration_since(started_at),
+            setup: started_at.saturating_duration_since(spawned_at),
+        })
+    }
+}
+
+struct Supervised {
+    termination: Termination,
+    limit_hit: Option<LimitHit>,
+    stdout: CapturedOutput,
+    stderr: CapturedOutput,
+    duration: Duration,
+    setup: Duration,
+}
+
+fn teardown(cgroup: JobCgroup, jobdir: JobDir) -> Result<JobStats, NativeError> {
+    let killed = cgroup.kill_all();
+    let _ = cgroup.wait_empty(TEARDOWN_WAIT);
+    let stats = cgroup.stats();
+    let removed = cgroup.remove();
+    let dir_removed = jobdir.remove();
+    killed?;
+    removed?;
+    if let Err(e) = dir_removed {
+        tracing::warn!(error = %e, "cannot remove job directory");
+    }
+    Ok(stats?)
+}
+
+fn cloexec_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), NativeError> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| NativeError::Helper(format!("create pipe: {e}")))
+}
+
+/// Total output across both streams, and a signal when it passes the flood limit.
+struct Flood {
+    total: AtomicU64,
+    limit: u64,
+    tripped: Notify,
+}
+
+impl Flood {
+    fn new(limit: u64) -> Self {
+        Self {
+            total: AtomicU64::new(0),
+            limit,
+            tripped: Notify::new(),
+        }
+    }
+
+    fn add(&self, bytes: usize) {
+        let before = self.total.fetch_add(bytes as u64, Ordering::Relaxed);
+        if before <= self.limit && before + bytes as u64 > self.limit {
+            self.tripped.notify_one();
+        }
+    }
+}
+
+/// Reads a stream to its end, keeping its head and counting the rest. Memory use is
+/// `keep` plus one read buffer, however much the job writes.
+async fn capture_stream<R: AsyncRead + Unpin>(
+    mut stream: R,
+    keep: usize,
+    flood: Arc<Flood>,
+) -> CapturedOutput {
+    let mut capture = BoundedCapture::new(keep);
+    let mut buffer = vec![0u8; READ_CHUNK_BYTES];
+    loop {
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                capture.push(&buffer[..n]);
+                flood.add(n);
+            }
+        }
+    }
+    capture.finish()
+}
+
+async fn drain(task: tokio::task::JoinHandle<CapturedOutput>) -> CapturedOutput {
+    match tokio::time::timeout(DRAIN_TIMEOUT, task).await {
+        Ok(Ok(output)) => output,
+        Ok(Err(join)) => {
+            tracing::error!(error = %join, "output reader failed");
+            CapturedOutput::default()
+        }
+        Err(_) => {
+            tracing::error!("output pipe still open after every job process was killed");
+            CapturedOutput::default()
+        }
+    }
+}
+
+async fn read_events(receiver: tokio::net::unix::pipe::Receiver, tx: mpsc::Sender<InitEvent>) {
+    let mut reader = BufReader::new(receiver);
+    for _ in 0..STATUS_EVENTS_MAX {
+        let mut line = Vec::new();
+        match (&mut reader)
+            .take(STATUS_LINE_MAX_BYTES)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) => match serde_json::from_slice::<InitEvent>(&line) {
+                Ok(event) => {
+                    if tx.try_send(event).is_err() {
+                        tracing::warn!("too many status events from the sandbox");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "unreadable status line from the sandbox"),
+            },
+        }
+    }
+}
+
+impl Backend for NativeBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Native
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: BackendKind::Native,
+            network_proxy: false,
+            out_dir: false,
+            image_rootfs: false,
+        }
+    }
+
+    fn run<'a>(&'a self, job: &'a JobSpec) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        Box::pin(async move { self.run_job(job).await.map_err(BackendError::from) })
+    }
+}
+
+/// The helper binary to use when none is configured: this executable.
+pub fn current_exe() -> Result<PathBuf, NativeError> {
+    std::env::current_exe().map_err(|source| NativeError::SpawnHelper {
+        path: Path::new("/proc/self/exe").to_owned(),
+        source,
+    })
+}

@@ -1,0 +1,126 @@
+//! The native backend's error type.
+
+use std::path::PathBuf;
+
+use airlock_core::{BackendError, ErrorKind};
+
+/// What can go wrong on the supervisor side of the native backend.
+#[derive(Debug, thiserror::Error)]
+pub enum NativeError {
+    /// The host lacks a control the sandbox needs.
+    #[error("{control}: {reason}")]
+    Unsupported {
+        /// The missing control, e.g. "cgroup".
+        control: &'static str,
+        /// Why, and how to fix it.
+        reason: String,
+    },
+    /// The job asks for something this backend does not offer yet.
+    #[error("{feature} is not available on the native backend: {reason}")]
+    FeatureUnavailable {
+        /// The feature.
+        feature: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Setting up the cgroup failed.
+    #[error("cgroup")]
+    Cgroup(#[from] airlock_cgroup::CgroupError),
+    /// Creating the job directory failed.
+    #[error("create job directory {path}")]
+    CreateJobDir {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Writing an input file failed.
+    #[error("write {path}")]
+    WriteInput {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The runtime directory is unsafe or unusable.
+    #[error("runtime directory {path}: {reason}")]
+    RuntimeDir {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Reading the rootfs failed.
+    #[error("rootfs {path}")]
+    Rootfs {
+        /// The rootfs path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Compiling the seccomp policy failed.
+    #[error("seccomp policy")]
+    Seccomp(#[from] airlock_sys::seccomp::SeccompError),
+    /// Starting the sandbox helper failed.
+    #[error("start sandbox helper {path}")]
+    SpawnHelper {
+        /// The helper binary.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Talking to the sandbox helper failed.
+    #[error("sandbox helper: {0}")]
+    Helper(String),
+    /// A sandbox setup step failed.
+    #[error("sandbox setup failed at {step}: {detail}")]
+    Setup {
+        /// The step.
+        step: String,
+        /// The OS error number.
+        errno: Option<i32>,
+        /// The explanation.
+        detail: String,
+    },
+    /// The interpreter is not in the rootfs.
+    #[error("{detail} (is the language installed in this rootfs?)")]
+    InterpreterMissing {
+        /// The explanation.
+        detail: String,
+    },
+}
+
+impl NativeError {
+    /// The public kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            NativeError::Unsupported { .. }
+            | NativeError::FeatureUnavailable { .. }
+            | NativeError::RuntimeDir { .. }
+            | NativeError::Rootfs { .. } => ErrorKind::BackendUnavailable,
+            NativeError::InterpreterMissing { .. } => ErrorKind::InvalidInput,
+            NativeError::WriteInput { .. } => ErrorKind::Internal,
+            NativeError::Cgroup(_)
+            | NativeError::CreateJobDir { .. }
+            | NativeError::Seccomp(_)
+            | NativeError::SpawnHelper { .. }
+            | NativeError::Helper(_)
+            | NativeError::Setup { .. } => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<NativeError> for BackendError {
+    fn from(err: NativeError) -> Self {
+        let kind = err.kind();
+        // The full chain, since error sources carry the OS reason.
+        let mut message = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        BackendError::new(kind, message)
+    }
+}

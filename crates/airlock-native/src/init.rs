@@ -1,0 +1,701 @@
+//! The sandbox init: the airlock binary re-executed as `airlock __airlock-init`, a fresh,
+//! single-threaded process that builds the sandbox from its plan and runs the job.
+//!
+//! Process tree (host pids on the left):
+//!
+//! ```text
+//! supervisor (tokio; never forks itself)
+//!  └─ helper     joins the job cgroup, unshares user/mnt/pid/net/ipc/uts/cgroup namespaces
+//!      ├─ mapper     (short-lived, still in the host user namespace) writes the id maps
+//!      └─ init       pid 1 of the new pid namespace: builds the root, reaps orphans
+//!          └─ job    drops every privilege, installs seccomp, execs the interpreter
+//! ```
+//!
+//! Each step reports failure as an [`InitEvent::Failed`] on the status descriptor, naming
+//! the step; the supervisor turns it into an error observation. When init (pid 1) exits,
+//! the kernel kills every process left in the namespace, so nothing of the job outlives it.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use airlock_sys::mount::{self as sysmount, flags};
+use airlock_sys::process::{self, Fork, UnshareFlags};
+use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions};
+
+use crate::plan::{
+    IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep, PLAN_FD, RlimitResource,
+    STATUS_FD, SandboxPlan,
+};
+
+/// Largest plan accepted (the seccomp programs and environment dominate).
+const PLAN_MAX_BYTES: u64 = 4 << 20;
+
+/// The job's OOM score: the kernel's first choice when the memory limit is hit, so the
+/// job dies rather than its init.
+const JOB_OOM_SCORE_ADJ: &str = "1000";
+
+/// Exit code of a job process that failed before exec (reported separately as an event).
+const EXEC_FAILED_EXIT: i32 = 127;
+
+/// A failed step.
+struct StepFailure {
+    step: String,
+    errno: Option<i32>,
+    detail: String,
+    /// The failure was already reported by a child process.
+    reported: bool,
+}
+
+impl StepFailure {
+    fn new(step: impl Into<String>, err: &io::Error) -> Self {
+        Self {
+            step: step.into(),
+            errno: err.raw_os_error(),
+            detail: err.to_string(),
+            reported: false,
+        }
+    }
+
+    fn already_reported() -> Self {
+        Self {
+            step: String::new(),
+            errno: None,
+            detail: String::new(),
+            reported: true,
+        }
+    }
+
+    fn event(&self) -> InitEvent {
+        InitEvent::Failed {
+            step: self.step.clone(),
+            errno: self.errno,
+            detail: self.detail.clone(),
+        }
+    }
+}
+
+trait Step<T> {
+    fn step(self, name: impl FnOnce() -> String) -> Result<T, StepFailure>;
+}
+
+impl<T> Step<T> for io::Result<T> {
+    fn step(self, name: impl FnOnce() -> String) -> Result<T, StepFailure> {
+        self.map_err(|e| StepFailure::new(name(), &e))
+    }
+}
+
+impl<T> Step<T> for rustix::io::Result<T> {
+    fn step(self, name: impl FnOnce() -> String) -> Result<T, StepFailure> {
+        self.map_err(|e| StepFailure::new(name(), &io::Error::from(e)))
+    }
+}
+
+fn report(status: &OwnedFd, event: &InitEvent) {
+    let line = event.to_line();
+    // One write of at most EVENT_MAX_BYTES (< PIPE_BUF) is atomic; a failure here means the
+    // supervisor is gone, and there is nobody left to tell.
+    let _ = rustix::io::write(status, &line);
+}
+
+/// Entry point of `airlock __airlock-init`. Must run before any thread or runtime starts.
+pub fn main() -> ! {
+    let status = match process::claim_inherited_fd(STATUS_FD) {
+        Ok(fd) => fd,
+        Err(_) => process::exit_now(2),
+    };
+    match run_helper(&status) {
+        Ok(()) => process::exit_now(0),
+        Err(failure) => {
+            if !failure.reported {
+                report(&status, &failure.event());
+            }
+            process::exit_now(1)
+        }
+    }
+}
+
+fn read_plan() -> Result<SandboxPlan, StepFailure> {
+    let fd = process::claim_inherited_fd(PLAN_FD).step(|| "read plan".into())?;
+    let mut bytes = Vec::new();
+    fs::File::from(fd)
+        .take(PLAN_MAX_BYTES)
+        .read_to_end(&mut bytes)
+        .step(|| "read plan".into())?;
+    serde_json::from_slice(&bytes).map_err(|e| StepFailure {
+        step: "parse plan".into(),
+        errno: None,
+        detail: e.to_string(),
+        reported: false,
+    })
+}
+
+/// The helper: cgroup, namespaces, id maps, then the init.
+fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
+    let plan = read_plan()?;
+
+    // 1. Join the job's cgroup before anything else, so every later process is counted
+    //    and the cgroup namespace below is rooted at the job's group.
+    for procs in &plan.cgroup_procs {
+        fs::write(procs, "0").step(|| format!("join cgroup {}", procs.display()))?;
+    }
+
+    // 2. A mapper child, still in the host user namespace, will write our id maps: only a
+    //    process there may map ids other than its own.
+    let helper_pid = rustix::process::getpid();
+    let (go_read, go_write) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).step(|| "create pipe".into())?;
+    let mapper = match process::fork().step(|| "fork id mapper".into())? {
+        Fork::Child => {
+            drop(go_write);
+            let code = match run_mapper(&go_read, helper_pid, &plan.ids) {
+                Ok(()) => 0,
+                Err(failure) => {
+                    report(status, &failure.event());
+                    1
+                }
+            };
+            process::exit_now(code)
+        }
+        Fork::Parent(pid) => pid,
+    };
+    drop(go_read);
+
+    // 3. New namespaces for everything; CLONE_NEWPID applies to our children.
+    process::unshare_namespaces(
+        UnshareFlags::NEWUSER
+            | UnshareFlags::NEWNS
+            | UnshareFlags::NEWPID
+            | UnshareFlags::NEWNET
+            | UnshareFlags::NEWIPC
+            | UnshareFlags::NEWUTS
+            | UnshareFlags::NEWCGROUP,
+    )
+    .step(|| "unshare namespaces".into())?;
+
+    // 4. Let the mapper write the maps, and wait for it.
+    rustix::io::write(&go_write, b"m").step(|| "signal id mapper".into())?;
+    drop(go_write);
+    let mapped = rustix::process::waitpid(Some(mapper), WaitOptions::empty())
+        .step(|| "wait for id mapper".into())?;
+    if mapped.is_none_or(|(_, st)| st.exit_status() != Some(0)) {
+        return Err(StepFailure::already_reported());
+    }
+
+    // 5. As root, become the namespace's root (an unprivileged host uid), so files the init
+    //    creates have a mapped owner. Rootless, our own uid is already mapped.
+    if let IdMapping::Root { .. } = plan.ids {
+        rustix::thread::set_thread_res_gid(gid(0), gid(0), gid(0))
+            .step(|| "setresgid 0 in namespace".into())?;
+        rustix::thread::set_thread_groups(&[]).step(|| "setgroups in namespace".into())?;
+        rustix::thread::set_thread_res_uid(uid(0), uid(0), uid(0))
+            .step(|| "setresuid 0 in namespace".into())?;
+    }
+
+    // 6. The init: pid 1 of the new pid namespace. A pipe tells it whether we still live.
+    let (alive_read, alive_write) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).step(|| "create pipe".into())?;
+    let init = match process::fork().step(|| "fork init".into())? {
+        Fork::Child => {
+            drop(alive_write);
+            run_init(plan, status, alive_read)
+        }
+        Fork::Parent(pid) => pid,
+    };
+    drop(alive_read);
+    // The job's stdio belongs to the job: stop holding it, so the supervisor sees EOF as
+    // soon as the job's processes are gone.
+    detach_stdio().step(|| "detach stdio".into())?;
+    let _ = rustix::process::waitpid(Some(init), WaitOptions::empty());
+    drop(alive_write);
+    Ok(())
+}
+
+fn uid(n: u32) -> rustix::process::Uid {
+    rustix::process::Uid::from_raw(n)
+}
+
+fn gid(n: u32) -> rustix::process::Gid {
+    rustix::process::Gid::from_raw(n)
+}
+
+fn detach_stdio() -> io::Result<()> {
+    let null = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    rustix::stdio::dup2_stdin(&null)?;
+    rustix::stdio::dup2_stdout(&null)?;
+    rustix::stdio::dup2_stderr(&null)?;
+    Ok(())
+}
+
+fn run_mapper(go: &OwnedFd, helper: Pid, ids: &IdMapping) -> Result<(), StepFailure> {
+    let mut byte = [0u8; 1];
+    let n = rustix::io::read(go, &mut byte).step(|| "wait for unshare".into())?;
+    if n == 0 {
+        // The helper failed before unsharing and reports that itself.
+        return Err(StepFailure::already_reported());
+    }
+    let proc_dir = PathBuf::from(format!("/proc/{}", helper.as_raw_nonzero()));
+    if ids.deny_setgroups() {
+        fs::write(proc_dir.join("setgroups"), "deny").step(|| "write setgroups".into())?;
+    }
+    fs::write(proc_dir.join("uid_map"), ids.uid_map()).step(|| "write uid_map".into())?;
+    fs::write(proc_dir.join("gid_map"), ids.gid_map()).step(|| "write gid_map".into())?;
+    Ok(())
+}
+
+/// Pid 1 of the sandbox.
+fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd) -> ! {
+    match init_and_spawn(&plan, status, alive) {
+        Ok(job) => reap_until_job_exits(status, job),
+        Err(failure) => {
+            if !failure.reported {
+                report(status, &failure.event());
+            }
+            process::exit_now(1)
+        }
+    }
+}
+
+fn init_and_spawn(
+    plan: &SandboxPlan,
+    status: &OwnedFd,
+    alive: OwnedFd,
+) -> Result<Pid, StepFailure> {
+    // Die with the helper. If it died before this line, the pipe has hung up.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .step(|| "set parent death signal".into())?;
+    let mut fds = [rustix::event::PollFd::new(
+        &alive,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    if rustix::event::poll(&mut fds, Some(&zero)).step(|| "check helper".into())? > 0 {
+        return Err(StepFailure::new(
+            "check helper",
+            &io::Error::other("helper is gone"),
+        ));
+    }
+    drop(alive);
+
+    build_root(plan)?;
+    rustix::system::sethostname(plan.hostname.as_bytes()).step(|| "sethostname".into())?;
+    if plan.loopback_up {
+        airlock_sys::net::bring_up_loopback().step(|| "bring up lo".into())?;
+    }
+
+    let (exec_read, exec_write) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).step(|| "create pipe".into())?;
+    let job = match process::fork().step(|| "fork job".into())? {
+        Fork::Child => {
+            drop(exec_read);
+            run_job(plan, status, exec_write)
+        }
+        Fork::Parent(pid) => pid,
+    };
+    drop(exec_write);
+    // EOF: the exec succeeded (the pipe is close-on-exec). A byte: the job reported why not.
+    let mut byte = [0u8; 1];
+    let exec_failed = matches!(rustix::io::read(&exec_read, &mut byte), Ok(n) if n > 0);
+    if !exec_failed {
+        report(status, &InitEvent::Started);
+    }
+    detach_stdio().step(|| "detach stdio".into())?;
+    Ok(job)
+}
+
+/// Reaps every child (orphans are reparented to pid 1) until the job itself exits, then
+/// reports how it ended and exits, which tears down the pid namespace.
+fn reap_until_job_exits(status: &OwnedFd, job: Pid) -> ! {
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, st))) if pid == job => {
+                let event = if let Some(code) = st.exit_status() {
+                    InitEvent::Exited { code }
+                } else if let Some(signal) = st.terminating_signal() {
+                    InitEvent::Signaled { signal }
+                } else {
+                    continue;
+                };
+                report(status, &event);
+                process::exit_now(0)
+            }
+            Ok(_) => continue,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => process::exit_now(1),
+        }
+    }
+}
+
+fn cpath(path: &Path) -> Result<CString, StepFailure> {
+    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| StepFailure {
+        step: "path".into(),
+        errno: None,
+        detail: format!("{} contains a NUL byte", path.display()),
+        reported: false,
+    })
+}
+
+fn mount_flags(options: &MountOptions) -> u64 {
+    let mut f = 0;
+    if options.readonly {
+        f |= flags::RDONLY;
+    }
+    if options.nosuid {
+        f |= flags::NOSUID;
+    }
+    if options.nodev {
+        f |= flags::NODEV;
+    }
+    if options.noexec {
+        f |= flags::NOEXEC;
+    }
+    f
+}
+
+/// Applies `options` to the mount at `target` by a bind remount, repeating the flags the
+/// mount already has (the kernel refuses to clear flags locked by a parent namespace).
+fn remount_bind(target: &Path, options: &MountOptions) -> Result<(), StepFailure> {
+    let c = cpath(target)?;
+    let existing =
+        sysmount::existing_mount_flags(&c).step(|| format!("statvfs {}", target.display()))?;
+    sysmount::mount(
+        None,
+        &c,
+        None,
+        flags::REMOUNT | flags::BIND | existing | mount_flags(options),
+        None,
+    )
+    .step(|| format!("remount {}", target.display()))
+}
+
+fn mkdir_all(path: &Path, mode: u32) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+}
+
+fn build_root(plan: &SandboxPlan) -> Result<(), StepFailure> {
+    let root = &plan.new_root;
+    // Nothing done here may propagate back to the host's mount namespace.
+    sysmount::mount(None, c"/", None, flags::REC | flags::PRIVATE, None)
+        .step(|| "make mounts private".into())?;
+    let root_c = cpath(root)?;
+    let data = CString::new(format!("size={},mode=0755", plan.root_size_bytes))
+        .map_err(|_| StepFailure::already_reported())?;
+    sysmount::mount(
+        Some(c"airlock"),
+        &root_c,
+        Some(c"tmpfs"),
+        flags::NOSUID | flags::NODEV,
+        Some(&data),
+    )
+    .step(|| "mount root tmpfs".into())?;
+
+    for step in &plan.mounts {
+        apply_step(root, step)?;
+    }
+
+    // pivot_root(".", "."): the old root ends up stacked on the new one and is detached.
+    rustix::process::chdir(root).step(|| "chdir new root".into())?;
+    rustix::process::pivot_root(".", ".").step(|| "pivot_root".into())?;
+    sysmount::unmount_detach(c".").step(|| "detach old root".into())?;
+    rustix::process::chdir("/").step(|| "chdir /".into())?;
+    sysmount::mount(
+        None,
+        c"/",
+        None,
+        flags::REMOUNT | flags::BIND | flags::RDONLY | flags::NOSUID | flags::NODEV,
+        None,
+    )
+    .step(|| "remount / read-only".into())?;
+    Ok(())
+}
+
+fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
+    match step {
+        MountStep::Mkdir { target, mode } => {
+            let path = root.join(target);
+            match fs::DirBuilder::new().mode(*mode).create(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StepFailure::new(format!("mkdir /{target}"), &e)),
+            }
+            // The umask must not narrow the mode (e.g. 1777).
+            fs::set_permissions(&path, fs::Permissions::from_mode(*mode))
+                .step(|| format!("chmod /{target}"))?;
+        }
+        MountStep::Symlink { target, points_to } => {
+            std::os::unix::fs::symlink(points_to, root.join(target))
+                .step(|| format!("symlink /{target}"))?;
+        }
+        MountStep::File {
+            target,
+            content,
+            mode,
+        } => {
+            let path = root.join(target);
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(*mode)
+                .open(&path)
+                .step(|| format!("create /{target}"))?;
+            io::Write::write_all(&mut file, content.as_bytes())
+                .step(|| format!("write /{target}"))?;
+        }
+        MountStep::Tmpfs {
+            target,
+            size_bytes,
+            mode,
+            options,
+        } => {
+            let path = root.join(target);
+            mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
+            let data = CString::new(format!("size={size_bytes},mode={mode:o}"))
+                .map_err(|_| StepFailure::already_reported())?;
+            sysmount::mount(
+                Some(c"tmpfs"),
+                &cpath(&path)?,
+                Some(c"tmpfs"),
+                mount_flags(options),
+                Some(&data),
+            )
+            .step(|| format!("mount tmpfs /{target}"))?;
+        }
+        MountStep::Bind {
+            source,
+            target,
+            options,
+            optional,
+        } => {
+            let meta = match fs::metadata(source) {
+                Ok(meta) => meta,
+                Err(e) if *optional && e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(StepFailure::new(format!("stat {}", source.display()), &e)),
+            };
+            let path = root.join(target);
+            if meta.is_dir() {
+                mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
+            } else {
+                if let Some(parent) = path.parent() {
+                    mkdir_all(parent, 0o755).step(|| format!("mkdir for /{target}"))?;
+                }
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o644)
+                    .open(&path)
+                    .step(|| format!("create mount point /{target}"))?;
+            }
+            sysmount::mount(
+                Some(&cpath(source)?),
+                &cpath(&path)?,
+                None,
+                flags::BIND,
+                None,
+            )
+            .step(|| format!("bind {} to /{target}", source.display()))?;
+            remount_bind(&path, options)?;
+        }
+        MountStep::Proc { target } => {
+            let path = root.join(target);
+            sysmount::mount(
+                Some(c"proc"),
+                &cpath(&path)?,
+                Some(c"proc"),
+                flags::NOSUID | flags::NODEV | flags::NOEXEC,
+                None,
+            )
+            .step(|| format!("mount proc /{target}"))?;
+        }
+        MountStep::Mask { target } => {
+            let path = root.join(target);
+            let meta = match fs::symlink_metadata(&path) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(StepFailure::new(format!("stat /{target}"), &e)),
+            };
+            if meta.is_dir() {
+                sysmount::mount(
+                    Some(c"tmpfs"),
+                    &cpath(&path)?,
+                    Some(c"tmpfs"),
+                    flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC,
+                    Some(c"size=4k,mode=0555"),
+                )
+                .step(|| format!("mask /{target}"))?;
+            } else {
+                sysmount::mount(Some(c"/dev/null"), &cpath(&path)?, None, flags::BIND, None)
+                    .step(|| format!("mask /{target}"))?;
+                remount_bind(&path, &MountOptions::RO_NOEXEC)?;
+            }
+        }
+        MountStep::ReadonlyBind { target } => {
+            let path = root.join(target);
+            if fs::symlink_metadata(&path).is_err() {
+                return Ok(());
+            }
+            let c = cpath(&path)?;
+            sysmount::mount(Some(&c), &c, None, flags::BIND | flags::REC, None)
+                .step(|| format!("bind /{target}"))?;
+            remount_bind(&path, &MountOptions::RO_NOEXEC)?;
+        }
+        MountStep::RemountReadonly { target, options } => {
+            remount_bind(&root.join(target), options)?;
+        }
+    }
+    Ok(())
+}
+
+/// The job process: drop everything, then exec. Never returns.
+fn run_job(plan: &SandboxPlan, status: &OwnedFd, exec_failed: OwnedFd) -> ! {
+    let failure = match prepare_and_exec(plan) {
+        Ok(never) => match never {},
+        Err(failure) => failure,
+    };
+    report(status, &failure.event());
+    let _ = rustix::io::write(&exec_failed, b"F");
+    process::exit_now(EXEC_FAILED_EXIT)
+}
+
+enum Never {}
+
+fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
+    rustix::process::setsid().step(|| "setsid".into())?;
+    // The uid switches made this process non-dumpable, which makes its /proc files
+    // root-owned and unwritable. Dumpable again just long enough to set the OOM score;
+    // the switch to uid 65534 below makes it non-dumpable again.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+        .step(|| "set dumpable".into())?;
+    fs::write("/proc/self/oom_score_adj", JOB_OOM_SCORE_ADJ).step(|| "set oom_score_adj".into())?;
+    for setting in &plan.rlimits {
+        let resource = match setting.resource {
+            RlimitResource::Nofile => Resource::Nofile,
+            RlimitResource::Fsize => Resource::Fsize,
+            RlimitResource::Core => Resource::Core,
+            RlimitResource::Cpu => Resource::Cpu,
+        };
+        rustix::process::setrlimit(
+            resource,
+            Rlimit {
+                current: Some(setting.value),
+                maximum: Some(setting.value),
+            },
+        )
+        .step(|| format!("setrlimit {:?} {}", setting.resource, setting.value))?;
+    }
+
+    // Capabilities: the bounding set first (dropping needs CAP_SETPCAP), then ambient,
+    // then the identity switch, then the remaining sets explicitly (a rootless setresuid
+    // to the same uid would not clear them by itself).
+    process::drop_bounding_set().step(|| "drop bounding set".into())?;
+    rustix::thread::clear_ambient_capability_set().step(|| "clear ambient capabilities".into())?;
+    let job_gid = gid(JOB_ID_IN_SANDBOX);
+    let job_uid = uid(JOB_ID_IN_SANDBOX);
+    rustix::thread::set_thread_res_gid(job_gid, job_gid, job_gid)
+        .step(|| "setresgid 65534".into())?;
+    if !plan.ids.deny_setgroups() {
+        rustix::thread::set_thread_groups(&[]).step(|| "setgroups []".into())?;
+    }
+    rustix::thread::set_thread_res_uid(job_uid, job_uid, job_uid)
+        .step(|| "setresuid 65534".into())?;
+    let none = rustix::thread::CapabilitySet::empty();
+    rustix::thread::set_capabilities(
+        None,
+        rustix::thread::CapabilitySets {
+            effective: none,
+            permitted: none,
+            inheritable: none,
+        },
+    )
+    .step(|| "clear capabilities".into())?;
+    rustix::thread::set_no_new_privs(true).step(|| "set no_new_privs".into())?;
+
+    rustix::process::chdir(plan.cwd.as_str()).step(|| format!("chdir {}", plan.cwd))?;
+    let program = resolve_program(plan)?;
+    let argv: Vec<CString> = plan
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad_input("argv", "an argument contains a NUL byte"))?;
+    let envp: Vec<CString> = plan
+        .env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad_input("env", "a variable contains a NUL byte"))?;
+    process::reset_signals().step(|| "reset signals".into())?;
+    process::set_cloexec_from(3).step(|| "close inherited descriptors".into())?;
+
+    // Last: from here on, only what the filter allows.
+    plan.seccomp.install().map_err(|e| StepFailure {
+        step: "install seccomp".into(),
+        errno: None,
+        detail: e.to_string(),
+        reported: false,
+    })?;
+    let err = process::execve(&program, &argv, &envp);
+    Err(StepFailure::new(
+        format!("exec {}", program.to_string_lossy()),
+        &err,
+    ))
+}
+
+fn bad_input(step: &str, detail: &str) -> StepFailure {
+    StepFailure {
+        step: step.into(),
+        errno: None,
+        detail: detail.into(),
+        reported: false,
+    }
+}
+
+/// Finds the program like `execvp`, in the job's own `PATH`, inside the new root.
+fn resolve_program(plan: &SandboxPlan) -> Result<CString, StepFailure> {
+    let name = plan
+        .argv
+        .first()
+        .ok_or_else(|| bad_input("exec", "empty command"))?;
+    let candidates: Vec<PathBuf> = if name.contains('/') {
+        vec![PathBuf::from(name)]
+    } else {
+        let path = plan
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(name))
+            .collect()
+    };
+    for candidate in &candidates {
+        if rustix::fs::access(candidate, rustix::fs::Access::EXEC_OK).is_ok()
+            && fs::metadata(candidate).is_ok_and(|m| m.is_file())
+        {
+            return cpath(candidate);
+        }
+    }
+    Err(StepFailure {
+        step: "exec".into(),
+        errno: Some(libc_enoent()),
+        detail: format!("{name}: not found in the sandbox's PATH"),
+        reported: false,
+    })
+}
+
+fn libc_enoent() -> i32 {
+    rustix::io::Errno::NOENT.raw_os_error()
+}

@@ -1,0 +1,215 @@
+//! The per-job directory on the host: `<runtime>/<job id>/` with `work/` (bound at `/work`)
+//! and `root/` (the mount point of the new root's tmpfs, inside the job's mount namespace
+//! only). Removed after the job.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use airlock_core::JobSpec;
+use airlock_core::policy::WorkdirMode;
+
+use crate::error::NativeError;
+use crate::plan::IdMapping;
+
+/// Where job directories live, checked to be owned by us and not writable by others.
+#[derive(Debug, Clone)]
+pub struct RuntimeDir {
+    path: PathBuf,
+}
+
+impl RuntimeDir {
+    /// The default: `/run/airlock` as root; otherwise `$XDG_RUNTIME_DIR/airlock`, else
+    /// `<tmp>/airlock-<uid>`.
+    pub fn default_path() -> PathBuf {
+        let euid = rustix::process::geteuid();
+        if euid.is_root() {
+            return PathBuf::from("/run/airlock");
+        }
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("airlock"),
+            _ => std::env::temp_dir().join(format!("airlock-{}", euid.as_raw())),
+        }
+    }
+
+    /// Opens (creating if needed) the runtime directory. Mode 0711: the sandbox init, an
+    /// unprivileged uid when airlock is root, must traverse it to reach its own job dir.
+    pub fn open(path: &Path) -> Result<Self, NativeError> {
+        let bad = |reason: String| NativeError::RuntimeDir {
+            path: path.to_owned(),
+            reason,
+        };
+        match fs::DirBuilder::new().mode(0o711).create(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(bad(e.to_string())),
+        }
+        let meta = fs::symlink_metadata(path).map_err(|e| bad(e.to_string()))?;
+        if !meta.is_dir() {
+            return Err(bad("is not a directory (a symlink?)".into()));
+        }
+        if meta.uid() != rustix::process::geteuid().as_raw() {
+            return Err(bad(format!(
+                "is owned by uid {}, not by airlock",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(bad(format!(
+                "is writable by others (mode {:o})",
+                meta.mode() & 0o7777
+            )));
+        }
+        Ok(Self {
+            path: path.to_owned(),
+        })
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Names of job directories present (for leak checks and stale cleanup).
+    pub fn job_dirs(&self) -> io::Result<Vec<String>> {
+        let mut names: Vec<String> = fs::read_dir(&self.path)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+}
+
+/// One job's directory. Removed on drop.
+#[derive(Debug)]
+pub struct JobDir {
+    path: PathBuf,
+    removed: bool,
+}
+
+impl JobDir {
+    /// Creates the directory, writes the source and the input files into `work/`.
+    pub fn create(
+        runtime: &RuntimeDir,
+        job: &JobSpec,
+        ids: &IdMapping,
+    ) -> Result<Self, NativeError> {
+        let path = runtime.path().join(job.id.as_str());
+        let create_err = |source: io::Error| NativeError::CreateJobDir {
+            path: path.clone(),
+            source,
+        };
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(create_err)?;
+        let dir = Self {
+            path: path.clone(),
+            removed: false,
+        };
+        // The sandbox init runs as the namespace's root, an unprivileged host uid: it
+        // must own the job directory to reach `work/` and `root/` under mode 0700.
+        if let Some(owner) = ids.sandbox_root_host_uid() {
+            rustix::fs::chown(
+                &path,
+                Some(rustix::fs::Uid::from_raw(owner)),
+                Some(rustix::fs::Gid::from_raw(owner)),
+            )
+            .map_err(|e| create_err(e.into()))?;
+        }
+        for sub in ["root", "work"] {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(path.join(sub))
+                .map_err(create_err)?;
+        }
+        let work = dir.work();
+        write_new_file(&work.join(&job.source_file), &job.source, false)?;
+        for file in &job.files {
+            let target = work.join(&file.path);
+            if let Some(parent) = target.parent() {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(parent)
+                    .map_err(|source| NativeError::WriteInput {
+                        path: parent.to_owned(),
+                        source,
+                    })?;
+            }
+            write_new_file(&target, &file.content, file.executable)?;
+        }
+        if job.filesystem.workdir == WorkdirMode::Rw {
+            chown_tree(&work, ids.job_host_uid(), ids.job_host_gid()).map_err(|source| {
+                NativeError::WriteInput {
+                    path: work.clone(),
+                    source,
+                }
+            })?;
+        }
+        Ok(dir)
+    }
+
+    /// The directory bound at `/work`.
+    pub fn work(&self) -> PathBuf {
+        self.path.join("work")
+    }
+
+    /// The mount point of the new root.
+    pub fn root(&self) -> PathBuf {
+        self.path.join("root")
+    }
+
+    /// Removes the directory and everything in it.
+    pub fn remove(mut self) -> io::Result<()> {
+        self.removed = true;
+        fs::remove_dir_all(&self.path)
+    }
+}
+
+impl Drop for JobDir {
+    fn drop(&mut self) {
+        if !self.removed
+            && let Err(e) = fs::remove_dir_all(&self.path)
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove job directory");
+        }
+    }
+}
+
+fn write_new_file(path: &Path, content: &[u8], executable: bool) -> Result<(), NativeError> {
+    let write_err = |source: io::Error| NativeError::WriteInput {
+        path: path.to_owned(),
+        source,
+    };
+    // create_new + O_NOFOLLOW: never write through a link, never overwrite.
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(if executable { 0o755 } else { 0o644 })
+        .open(path)
+        .map_err(write_err)?;
+    file.write_all(content).map_err(write_err)?;
+    Ok(())
+}
+
+fn chown_tree(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    let owner = Some(rustix::fs::Uid::from_raw(uid));
+    let group = Some(rustix::fs::Gid::from_raw(gid));
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        path,
+        owner,
+        group,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    if fs::symlink_metadata(path)?.is_dir() {
+        for entry in fs::read_dir(path)? {
+            chown_tree(&entry?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}

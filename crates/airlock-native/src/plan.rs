@@ -1,0 +1,363 @@
+//! The sandbox plan: everything the in-sandbox init needs, decided by the supervisor and
+//! sent over an inherited pipe as JSON. The init executes it step by step and decides
+//! nothing itself, so every security decision is made (and unit-tested) on the supervisor
+//! side.
+
+use std::path::PathBuf;
+
+use airlock_sys::seccomp::CompiledSeccomp;
+use serde::{Deserialize, Serialize};
+
+/// The hidden first argument that turns the airlock binary into the sandbox init.
+pub const INIT_ARG: &str = "__airlock-init";
+
+/// The descriptor number on which the init reads its plan.
+pub const PLAN_FD: i32 = 3;
+
+/// The descriptor number on which the init reports [`InitEvent`]s.
+pub const STATUS_FD: i32 = 4;
+
+/// The uid and gid the job runs as, inside the sandbox.
+pub const JOB_ID_IN_SANDBOX: u32 = 65_534;
+
+/// Processes of the sandbox machinery that live in the job's cgroup beside the job: the
+/// helper that created the namespaces and the pid-1 init. `pids.max` is raised by this
+/// much so the job itself gets exactly the policy's `pids`.
+pub const INIT_PROCESSES: u32 = 2;
+
+/// How in-sandbox ids map to host ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IdMapping {
+    /// airlock runs as root: in-sandbox 0..65535 map to host `base..base+65535`, so
+    /// in-sandbox root is an unprivileged host uid and the job's 65534 is `base+65534`.
+    Root {
+        /// First host id of the range.
+        host_base: u32,
+    },
+    /// airlock runs unprivileged: only its own uid and gid exist in the sandbox, as 65534.
+    Rootless {
+        /// airlock's uid.
+        host_uid: u32,
+        /// airlock's gid.
+        host_gid: u32,
+    },
+}
+
+impl IdMapping {
+    /// Number of ids mapped in root mode.
+    pub const ROOT_RANGE: u32 = 65_536;
+
+    /// The `uid_map` text.
+    pub fn uid_map(&self) -> String {
+        match self {
+            IdMapping::Root { host_base } => format!("0 {host_base} {}\n", Self::ROOT_RANGE),
+            IdMapping::Rootless { host_uid, .. } => format!("{JOB_ID_IN_SANDBOX} {host_uid} 1\n"),
+        }
+    }
+
+    /// The `gid_map` text.
+    pub fn gid_map(&self) -> String {
+        match self {
+            IdMapping::Root { host_base } => format!("0 {host_base} {}\n", Self::ROOT_RANGE),
+            IdMapping::Rootless { host_gid, .. } => format!("{JOB_ID_IN_SANDBOX} {host_gid} 1\n"),
+        }
+    }
+
+    /// Whether `setgroups` must be denied before the gid map can be written (unprivileged).
+    pub fn deny_setgroups(&self) -> bool {
+        matches!(self, IdMapping::Rootless { .. })
+    }
+
+    /// The host uid the job runs as.
+    pub fn job_host_uid(&self) -> u32 {
+        match self {
+            IdMapping::Root { host_base } => host_base + JOB_ID_IN_SANDBOX,
+            IdMapping::Rootless { host_uid, .. } => *host_uid,
+        }
+    }
+
+    /// The host gid the job runs as.
+    pub fn job_host_gid(&self) -> u32 {
+        match self {
+            IdMapping::Root { host_base } => host_base + JOB_ID_IN_SANDBOX,
+            IdMapping::Rootless { host_gid, .. } => *host_gid,
+        }
+    }
+
+    /// The host uid of in-sandbox root (the owner of the job directory), if root is mapped.
+    pub fn sandbox_root_host_uid(&self) -> Option<u32> {
+        match self {
+            IdMapping::Root { host_base } => Some(*host_base),
+            IdMapping::Rootless { .. } => None,
+        }
+    }
+}
+
+/// Mount options that matter for security.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MountOptions {
+    /// Read-only.
+    pub readonly: bool,
+    /// Ignore set-uid bits.
+    pub nosuid: bool,
+    /// No device nodes.
+    pub nodev: bool,
+    /// No execution.
+    pub noexec: bool,
+}
+
+impl MountOptions {
+    /// `ro,nosuid,nodev`.
+    pub const RO: Self = Self {
+        readonly: true,
+        nosuid: true,
+        nodev: true,
+        noexec: false,
+    };
+    /// `rw,nosuid,nodev`.
+    pub const RW: Self = Self {
+        readonly: false,
+        nosuid: true,
+        nodev: true,
+        noexec: false,
+    };
+    /// `rw,nosuid,nodev,noexec`.
+    pub const RW_NOEXEC: Self = Self {
+        readonly: false,
+        nosuid: true,
+        nodev: true,
+        noexec: true,
+    };
+    /// `ro,nosuid,nodev,noexec`.
+    pub const RO_NOEXEC: Self = Self {
+        readonly: true,
+        nosuid: true,
+        nodev: true,
+        noexec: true,
+    };
+}
+
+/// One step of building the new root. Targets are relative to the new root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum MountStep {
+    /// Create a directory (parents must exist).
+    Mkdir {
+        /// Path in the new root.
+        target: String,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// Create a symbolic link.
+    Symlink {
+        /// Path of the link in the new root.
+        target: String,
+        /// What it points to.
+        points_to: String,
+    },
+    /// Write a small file.
+    File {
+        /// Path in the new root.
+        target: String,
+        /// Its content.
+        content: String,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// Mount a tmpfs.
+    Tmpfs {
+        /// Mount point in the new root (created if missing).
+        target: String,
+        /// Size cap.
+        size_bytes: u64,
+        /// Permission bits of its root.
+        mode: u32,
+        /// Options.
+        options: MountOptions,
+    },
+    /// Bind a host path (a directory or a file) into the new root.
+    Bind {
+        /// Host path.
+        source: PathBuf,
+        /// Mount point in the new root (created if missing, as a directory or an empty file).
+        target: String,
+        /// Options.
+        options: MountOptions,
+        /// Skip silently when the source does not exist (optional extras such as CA certs).
+        optional: bool,
+    },
+    /// Mount a fresh procfs for the job's pid namespace.
+    Proc {
+        /// Mount point in the new root.
+        target: String,
+    },
+    /// Hide a path under an already mounted filesystem (for example `/proc/kcore`): a file
+    /// is covered by `/dev/null`, a directory by an empty read-only tmpfs. Skipped when the
+    /// path does not exist.
+    Mask {
+        /// Path in the new root.
+        target: String,
+    },
+    /// Make a subtree read-only by binding it onto itself (for example `/proc/sys`).
+    /// Skipped when the path does not exist.
+    ReadonlyBind {
+        /// Path in the new root.
+        target: String,
+    },
+    /// Remount an existing mount point read-only (after it was populated).
+    RemountReadonly {
+        /// Path in the new root.
+        target: String,
+        /// Options to keep.
+        options: MountOptions,
+    },
+}
+
+/// A resource limit to set before exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RlimitSetting {
+    /// Which limit.
+    pub resource: RlimitResource,
+    /// Soft and hard value.
+    pub value: u64,
+}
+
+/// The rlimits airlock sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RlimitResource {
+    /// Open files.
+    Nofile,
+    /// Largest file written.
+    Fsize,
+    /// Core dumps.
+    Core,
+    /// CPU seconds (a backstop behind the wall-time kill).
+    Cpu,
+}
+
+/// Everything the init needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxPlan {
+    /// For messages.
+    pub job_id: String,
+    /// `cgroup.procs` files the helper writes itself into before anything else.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The id mapping.
+    pub ids: IdMapping,
+    /// Host path of the empty directory the new root's tmpfs is mounted on.
+    pub new_root: PathBuf,
+    /// Size of the new root's tmpfs (it holds only the synthesized `/etc` and mount points).
+    pub root_size_bytes: u64,
+    /// Steps that build the new root, in order.
+    pub mounts: Vec<MountStep>,
+    /// The sandbox's host name.
+    pub hostname: String,
+    /// Whether to bring `lo` up.
+    pub loopback_up: bool,
+    /// The job's working directory.
+    pub cwd: String,
+    /// rlimits.
+    pub rlimits: Vec<RlimitSetting>,
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// The program's whole environment.
+    pub env: Vec<(String, String)>,
+    /// The seccomp filters, installed last before exec.
+    pub seccomp: CompiledSeccomp,
+}
+
+/// What the init reports to the supervisor, one JSON line each, on [`STATUS_FD`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum InitEvent {
+    /// The program was executed; its wall time starts now.
+    Started,
+    /// The program exited.
+    Exited {
+        /// Exit code.
+        code: i32,
+    },
+    /// A signal killed the program.
+    Signaled {
+        /// Signal number.
+        signal: i32,
+    },
+    /// A setup step failed; the program never ran.
+    Failed {
+        /// The step, e.g. `"mount /proc"`.
+        step: String,
+        /// The OS error number, when there is one.
+        errno: Option<i32>,
+        /// A human explanation.
+        detail: String,
+    },
+}
+
+/// The longest event line the init writes. Below `PIPE_BUF`, so each write is atomic.
+pub const EVENT_MAX_BYTES: usize = 2048;
+
+impl InitEvent {
+    /// The event as one line, cut to [`EVENT_MAX_BYTES`].
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut event = self.clone();
+        if let InitEvent::Failed { detail, .. } = &mut event
+            && detail.len() > EVENT_MAX_BYTES / 2
+        {
+            let mut cut = EVENT_MAX_BYTES / 2;
+            while !detail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            detail.truncate(cut);
+        }
+        let mut line = serde_json::to_vec(&event).unwrap_or_else(|_| {
+            br#"{"event":"failed","step":"report","errno":null,"detail":"unencodable event"}"#
+                .to_vec()
+        });
+        line.push(b'\n');
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn root_mapping_never_maps_host_root() {
+        let ids = IdMapping::Root {
+            host_base: 1_879_048_192,
+        };
+        assert_eq!(ids.uid_map(), "0 1879048192 65536\n");
+        assert_eq!(ids.job_host_uid(), 1_879_048_192 + 65_534);
+        assert!(!ids.deny_setgroups());
+    }
+
+    #[test]
+    fn rootless_mapping_maps_only_the_user() {
+        let ids = IdMapping::Rootless {
+            host_uid: 1000,
+            host_gid: 1000,
+        };
+        assert_eq!(ids.uid_map(), "65534 1000 1\n");
+        assert_eq!(ids.gid_map(), "65534 1000 1\n");
+        assert!(ids.deny_setgroups());
+    }
+
+    #[test]
+    fn event_lines_are_short_and_parse_back() {
+        let event = InitEvent::Failed {
+            step: "mount".into(),
+            errno: Some(1),
+            detail: "é".repeat(5000),
+        };
+        let line = event.to_line();
+        assert!(line.len() <= EVENT_MAX_BYTES, "{}", line.len());
+        let back: InitEvent = serde_json::from_slice(&line).unwrap();
+        assert!(matches!(back, InitEvent::Failed { .. }));
+        assert_eq!(
+            InitEvent::Exited { code: 3 }.to_line(),
+            b"{\"event\":\"exited\",\"code\":3}\n"
+        );
+    }
+}
