@@ -132,6 +132,11 @@ fn finish(json: bool, observation: &Observation) -> ExitCode {
         let _ = out.flush();
         let mut err = std::io::stderr().lock();
         let _ = err.write_all(observation.stderr.as_bytes());
+        // Start the summary on a line of its own when the program's output did not end one.
+        let open_line = |s: &str| !s.is_empty() && !s.ends_with('\n');
+        if open_line(&observation.stdout) || open_line(&observation.stderr) {
+            let _ = writeln!(err);
+        }
         let _ = writeln!(err, "{}", summary(observation));
     }
     exit_code(observation)

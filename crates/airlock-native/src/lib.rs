@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod doctor;
 pub mod error;
 pub mod init;
 pub mod jobdir;

@@ -1,0 +1,399 @@
+//! `airlock doctor` for the native backend: what this host can enforce, control by control,
+//! each missing piece with the reason and the fix.
+
+use std::fs;
+use std::path::Path;
+
+use airlock_cgroup::{Hierarchy, ParentSpec, Presence};
+use airlock_core::policy::{CgroupParent, Policy, RootfsSpec};
+use serde::Serialize;
+
+/// How a control stands on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Enforced.
+    Ok,
+    /// Works, with a caveat worth knowing.
+    Warning,
+    /// Cannot be enforced: jobs that need it are refused.
+    Missing,
+}
+
+/// One control.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// The control, e.g. `user namespaces`.
+    pub control: String,
+    /// Its status.
+    pub status: Status,
+    /// What was found.
+    pub detail: String,
+    /// How to fix it, when it is not ok.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(control: &str, detail: impl Into<String>) -> Self {
+        Self {
+            control: control.to_owned(),
+            status: Status::Ok,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn missing(control: &str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            control: control.to_owned(),
+            status: Status::Missing,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    fn warning(control: &str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            control: control.to_owned(),
+            status: Status::Warning,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct DoctorReport {
+    /// The backend.
+    pub backend: &'static str,
+    /// Whether every required control is available.
+    pub ready: bool,
+    /// Each control.
+    pub checks: Vec<Check>,
+}
+
+impl DoctorReport {
+    /// Adds a check and updates `ready`.
+    pub fn push(&mut self, check: Check) {
+        if check.status == Status::Missing {
+            self.ready = false;
+        }
+        self.checks.push(check);
+    }
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
+}
+
+/// Checks everything that does not need to start a sandbox.
+pub fn diagnose(policy: &Policy) -> DoctorReport {
+    let mut report = DoctorReport {
+        backend: "native",
+        ready: true,
+        checks: Vec::new(),
+    };
+    let root = rustix::process::geteuid().is_root();
+
+    let uname = rustix::system::uname();
+    report.push(Check::ok(
+        "kernel",
+        format!(
+            "Linux {} ({})",
+            uname.release().to_string_lossy(),
+            uname.machine().to_string_lossy()
+        ),
+    ));
+
+    let missing_ns: Vec<&str> = ["user", "mnt", "pid", "net", "ipc", "uts", "cgroup"]
+        .into_iter()
+        .filter(|ns| !Path::new("/proc/self/ns").join(ns).exists())
+        .collect();
+    if missing_ns.is_empty() {
+        report.push(Check::ok(
+            "namespaces",
+            "user, mount, pid, network, ipc, uts and cgroup namespaces are available",
+        ));
+    } else {
+        report.push(Check::missing(
+            "namespaces",
+            format!("this kernel lacks: {}", missing_ns.join(", ")),
+            "use a kernel built with CONFIG_USER_NS, CONFIG_PID_NS, CONFIG_NET_NS, \
+             CONFIG_IPC_NS, CONFIG_UTS_NS and CONFIG_CGROUPS",
+        ));
+    }
+
+    report.push(user_namespace_check(root));
+    for check in cgroup_checks(policy) {
+        report.push(check);
+    }
+
+    match airlock_sys::seccomp::CompiledSeccomp::builtin() {
+        Ok(_)
+            if fs::read_to_string("/proc/self/status")
+                .is_ok_and(|s| s.lines().any(|l| l.starts_with("Seccomp:"))) =>
+        {
+            report.push(Check::ok(
+                "seccomp",
+                "seccomp-bpf available; the allowlist and denylist filters compile",
+            ));
+        }
+        Ok(_) => report.push(Check::missing(
+            "seccomp",
+            "the kernel does not report seccomp support",
+            "use a kernel built with CONFIG_SECCOMP_FILTER",
+        )),
+        Err(e) => report.push(Check::missing(
+            "seccomp",
+            format!("the seccomp policy does not compile: {e}"),
+            "this is a bug in airlock's policy/seccomp.json",
+        )),
+    }
+
+    report.push(id_mapping_check(policy, root));
+
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    match nofile.maximum {
+        Some(hard) if hard < u64::from(policy.limits.open_files) => report.push(Check::missing(
+            "rlimits",
+            format!(
+                "airlock's hard open-files limit is {hard}, below the policy's open_files {}",
+                policy.limits.open_files
+            ),
+            "raise `ulimit -Hn` before starting airlock (needs CAP_SYS_RESOURCE) or lower open_files",
+        )),
+        _ => report.push(Check::ok(
+            "rlimits",
+            format!(
+                "open files {}, file size {}, core dumps off, CPU-time backstop",
+                policy.limits.open_files, policy.limits.file_size
+            ),
+        )),
+    }
+
+    for check in rootfs_checks(policy) {
+        report.push(check);
+    }
+    report
+}
+
+fn user_namespace_check(root: bool) -> Check {
+    let max = read_trimmed("/proc/sys/user/max_user_namespaces")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0);
+    if max == 0 {
+        return Check::missing(
+            "user namespaces",
+            "user.max_user_namespaces is 0",
+            "sysctl -w user.max_user_namespaces=15000",
+        );
+    }
+    if !root {
+        if read_trimmed("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+            return Check::missing(
+                "user namespaces",
+                "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0)",
+                "sysctl -w kernel.unprivileged_userns_clone=1, or run airlock as root",
+            );
+        }
+        if read_trimmed("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
+            == Some("1")
+        {
+            return Check::missing(
+                "user namespaces",
+                "AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+)",
+                "add an AppArmor profile granting `userns` to the airlock binary, or \
+                 sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or run as root",
+            );
+        }
+    }
+    Check::ok(
+        "user namespaces",
+        format!("user.max_user_namespaces = {max}"),
+    )
+}
+
+fn cgroup_checks(policy: &Policy) -> Vec<Check> {
+    let hierarchy = match Hierarchy::detect() {
+        Ok(h) => h,
+        Err(e) => {
+            return vec![Check::missing(
+                "cgroup",
+                format!("no usable cgroup filesystem: {e}"),
+                "mount cgroup2 at /sys/fs/cgroup (or the v1 memory, cpu, cpuacct and pids hierarchies)",
+            )];
+        }
+    };
+    let spec = match &policy.native.cgroup_parent {
+        CgroupParent::Auto => ParentSpec::Auto,
+        CgroupParent::Path(p) => ParentSpec::Path(p.clone()),
+    };
+    let r = hierarchy.report_for(&spec);
+    let version = match r.version {
+        airlock_cgroup::CgroupVersion::V1 => "v1",
+        airlock_cgroup::CgroupVersion::V2 => "v2",
+    };
+    let mut checks = Vec::new();
+    for c in r.controllers.iter() {
+        let name = format!("cgroup {version} {}", c.name);
+        let place = c
+            .location
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        checks.push(match c.presence {
+            Presence::Present => Check::ok(&name, place),
+            Presence::Missing | Presence::Unknown => Check::missing(
+                &name,
+                c.explanation
+                    .clone()
+                    .unwrap_or_else(|| "not available".into()),
+                "enable the controller (v2: add it to cgroup.subtree_control of the parent; \
+                 v1: mount its hierarchy)",
+            ),
+        });
+    }
+    checks.push(match r.swap_accounting.presence {
+        Presence::Present => Check::ok(
+            &format!("cgroup {version} swap limit"),
+            "swap accounting present: jobs get no swap",
+        ),
+        _ => Check::warning(
+            &format!("cgroup {version} swap limit"),
+            r.swap_accounting
+                .explanation
+                .clone()
+                .unwrap_or_else(|| "swap accounting is off".into()),
+            "boot with swapaccount=1 (v1) or use cgroup v2, or run without swap",
+        ),
+    });
+    checks.push(if r.parent.writable {
+        Check::ok(
+            "cgroup parent",
+            r.parent
+                .paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    } else {
+        Check::missing(
+            "cgroup parent",
+            r.parent
+                .explanation
+                .clone()
+                .unwrap_or_else(|| "airlock cannot create job cgroups".into()),
+            "run as root, or inside a delegated cgroup v2 subtree \
+             (systemd-run --user --scope -p Delegate=yes airlock ...), or set [native] cgroup_parent",
+        )
+    });
+    checks
+}
+
+fn id_mapping_check(policy: &Policy, root: bool) -> Check {
+    if !root {
+        return Check::ok(
+            "uid mapping",
+            "rootless: only your own uid and gid exist in the sandbox, as 65534",
+        );
+    }
+    let base = u64::from(policy.native.host_uid_base);
+    let end = base + u64::from(airlock_core::policy::NativePolicy::MAPPED_IDS);
+    let mut clashes = Vec::new();
+    for (file, field) in [("/etc/passwd", 2usize), ("/etc/group", 2usize)] {
+        if let Ok(text) = fs::read_to_string(file) {
+            for line in text.lines() {
+                let parts: Vec<&str> = line.split(':').collect();
+                if let Some(id) = parts.get(field).and_then(|s| s.parse::<u64>().ok())
+                    && (base..end).contains(&id)
+                {
+                    clashes.push(format!("{file}: {}", parts[0]));
+                }
+            }
+        }
+    }
+    for file in ["/etc/subuid", "/etc/subgid"] {
+        if let Ok(text) = fs::read_to_string(file) {
+            for line in text.lines() {
+                let parts: Vec<&str> = line.split(':').collect();
+                if let (Some(start), Some(count)) = (
+                    parts.get(1).and_then(|s| s.parse::<u64>().ok()),
+                    parts.get(2).and_then(|s| s.parse::<u64>().ok()),
+                ) && start < end
+                    && base < start + count
+                {
+                    clashes.push(format!("{file}: {line}"));
+                }
+            }
+        }
+    }
+    if clashes.is_empty() {
+        Check::ok(
+            "uid mapping",
+            format!(
+                "sandbox ids 0..65535 map to unused host ids {base}..{}; the job runs as host uid {}",
+                end - 1,
+                base + 65_534
+            ),
+        )
+    } else {
+        Check::missing(
+            "uid mapping",
+            format!(
+                "host ids {base}..{} are in use: {}",
+                end - 1,
+                clashes.join("; ")
+            ),
+            "set [native] host_uid_base to an unused range",
+        )
+    }
+}
+
+fn rootfs_checks(policy: &Policy) -> Vec<Check> {
+    let root = match &policy.filesystem.rootfs {
+        RootfsSpec::Host => Path::new("/").to_owned(),
+        RootfsSpec::Dir(p) => p.clone(),
+        RootfsSpec::Image { reference, digest } => {
+            return vec![Check::missing(
+                "rootfs",
+                format!("image:{reference}@{digest}: image rootfs is not built yet"),
+                "use rootfs = \"host\" or \"dir:/path\"",
+            )];
+        }
+    };
+    let mut checks = Vec::new();
+    if !root.join("usr").is_dir() {
+        checks.push(Check::missing(
+            "rootfs",
+            format!("{} has no usr/ directory", root.display()),
+            "point rootfs at a complete root filesystem (e.g. made by debootstrap)",
+        ));
+        return checks;
+    }
+    checks.push(Check::ok(
+        "rootfs",
+        format!("{} (read-only)", policy.filesystem.rootfs),
+    ));
+    for (name, spec) in &policy.languages {
+        let program = &spec.command[0];
+        let found = if program.contains('/') {
+            root.join(program.trim_start_matches('/')).exists()
+        } else {
+            ["usr/local/bin", "usr/bin", "bin"]
+                .iter()
+                .any(|dir| root.join(dir).join(program).exists())
+        };
+        checks.push(if found {
+            Check::ok(&format!("language {name}"), format!("{program} found"))
+        } else {
+            Check::warning(
+                &format!("language {name}"),
+                format!("{program} is not in the rootfs: {name} jobs will be refused"),
+                format!("install {program} in the rootfs, or remove [languages.{name}]"),
+            )
+        });
+    }
+    checks
+}
