@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one job.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Show what this host can enforce, control by control.
     Doctor(doctor::DoctorArgs),
     /// Policy files.
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::doctor(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(&file),
         Command::Policy(PolicyCommand::Show { file }) => policy_show(file.as_deref()),
