@@ -45,20 +45,20 @@ pub struct RunArgs {
     env: Vec<String>,
 
     /// Wall-time limit, e.g. 5s or 500ms (at most the policy's).
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     timeout: Option<String>,
 
     /// Memory limit, e.g. 256MiB (at most the policy's).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     memory: Option<String>,
 
     /// CPU share, e.g. 0.5 (at most the policy's).
-    #[arg(long, value_name = "CPUS")]
+    #[arg(long, value_name = "CPUS", allow_hyphen_values = true)]
     cpus: Option<String>,
 
     /// Process and thread limit (at most the policy's).
-    #[arg(long, value_name = "N")]
-    pids: Option<u32>,
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pids: Option<String>,
 
     /// Network: none, or proxy (only allowlisted hosts, through airlock's egress proxy).
     #[arg(long = "net", value_name = "MODE", default_value = "none")]
@@ -338,7 +338,15 @@ fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
             .map(str::parse::<Cpus>)
             .transpose()
             .map_err(|e| invalid(format!("--cpus: {e}")))?,
-        pids: args.pids,
+        pids: args
+            .pids
+            .as_deref()
+            .map(|p| {
+                p.trim()
+                    .parse::<u32>()
+                    .map_err(|_| invalid(format!("--pids {p:?}: expected a positive whole number")))
+            })
+            .transpose()?,
     };
     let mode = match args.net.as_str() {
         "none" => NetworkMode::None,

@@ -254,6 +254,7 @@ impl NativeBackend {
     /// Runs one job in a fresh sandbox and removes the sandbox.
     pub async fn run_job(&self, job: &JobSpec) -> Result<RunReport, NativeError> {
         self.check_supported(job)?;
+        tracing::debug!(job_id = %job.id, "creating sandbox");
         let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
         let limits = JobLimits {
             memory_bytes: job.limits.memory.as_u64(),

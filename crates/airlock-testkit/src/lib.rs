@@ -12,6 +12,7 @@ mod error;
 mod names;
 mod parse;
 mod report;
+pub mod require;
 
 use std::path::{Path, PathBuf};
 

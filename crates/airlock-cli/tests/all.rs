@@ -1,0 +1,4 @@
+//! End-to-end tests of the `airlock` binary against the real native sandbox.
+//! One integration binary per crate; the cases live in `suite/`.
+
+mod suite;

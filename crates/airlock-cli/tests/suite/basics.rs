@@ -1,0 +1,181 @@
+//! A job runs, its output and exit code come back, the audit line is written.
+
+use std::os::unix::fs::PermissionsExt;
+
+use pretty_assertions::assert_eq;
+
+use super::common::TestEnv;
+use crate::require_native;
+
+#[test]
+fn readme_hello_job_prints_45() {
+    require_native!();
+    let env = TestEnv::new();
+    let run = env.run_json(&["-c", "print(sum(range(10)))"]);
+    assert_eq!(run.obs["ok"], true, "{:#}", run.obs);
+    assert_eq!(run.obs["outcome"], "exited");
+    assert_eq!(run.obs["exit_code"], 0);
+    assert_eq!(run.obs["stdout"], "45\n");
+    assert_eq!(run.obs["stdout_bytes"], 3);
+    assert_eq!(run.obs["backend"], "native");
+    assert_eq!(run.obs["policy_version"], "default-1");
+    assert!(run.obs["cpu_ms"].as_u64().is_some());
+    assert!(run.obs["peak_memory_bytes"].as_u64().is_some_and(|b| b > 0));
+    assert_eq!(run.code, 0);
+}
+
+#[test]
+fn exit_code_and_stderr_come_back() {
+    require_native!();
+    let env = TestEnv::new();
+    let run = env.run_json(&[
+        "-c",
+        "import sys\nprint('oops', file=sys.stderr)\nsys.exit(3)",
+    ]);
+    assert_eq!(run.obs["ok"], false);
+    assert_eq!(run.obs["outcome"], "exited");
+    assert_eq!(run.obs["exit_code"], 3);
+    assert_eq!(run.obs["stderr"], "oops\n");
+    assert_eq!(run.code, 3);
+}
+
+#[test]
+fn text_mode_shows_output_and_a_summary() {
+    require_native!();
+    let env = TestEnv::new();
+    let out = env
+        .cmd()
+        .args(["run", "-c", "print(sum(range(10)))"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "45\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("airlock: exited 0"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn shell_languages_run() {
+    require_native!();
+    let env = TestEnv::new();
+    for lang in ["bash", "sh"] {
+        let run = env.run_json(&["-l", lang, "-c", "echo \"$((6*7))\"; id -u"]);
+        assert_eq!(run.obs["stdout"], "42\n65534\n", "{lang}: {:#}", run.obs);
+    }
+}
+
+#[test]
+fn node_runs_when_the_rootfs_has_it() {
+    require_native!();
+    airlock_testkit::require!(
+        std::path::Path::new("/usr/bin/node").exists(),
+        "node is not installed on this host"
+    );
+    let env = TestEnv::new();
+    let run = env.run_json(&[
+        "-l",
+        "node",
+        "-c",
+        "console.log([1,2,3].map(x => x * 2).join(','))",
+    ]);
+    assert_eq!(run.obs["stdout"], "2,4,6\n", "{:#}", run.obs);
+}
+
+#[test]
+fn language_comes_from_the_file_extension() {
+    require_native!();
+    let env = TestEnv::new();
+    let script = env.path().join("job.sh");
+    std::fs::write(&script, "echo from-sh\n").unwrap();
+    let run = env.run_json(&[script.to_str().unwrap()]);
+    assert_eq!(run.obs["stdout"], "from-sh\n", "{:#}", run.obs);
+}
+
+#[test]
+fn stdin_args_and_input_files_reach_the_program() {
+    require_native!();
+    let env = TestEnv::new();
+    let input = env.path().join("data.csv");
+    std::fs::write(&input, "a,b\n1,2\n").unwrap();
+    let tool = env.path().join("tool.sh");
+    std::fs::write(&tool, "#!/bin/sh\necho tool-ran\n").unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stdin = env.path().join("stdin.txt");
+    std::fs::write(&stdin, "from stdin\n").unwrap();
+    let source = "import sys, subprocess\n\
+                  print(open('/work/in/data.csv').read().splitlines()[1])\n\
+                  print(sys.stdin.read().strip())\n\
+                  print(sys.argv[1:])\n\
+                  print(subprocess.run(['/work/tool.sh'], capture_output=True, text=True).stdout.strip())";
+    let run = env.run_json(&[
+        "-c",
+        source,
+        "--file",
+        &format!("in/data.csv={}", input.display()),
+        "--file",
+        &format!("tool.sh={}", tool.display()),
+        "--stdin",
+        stdin.to_str().unwrap(),
+        "--",
+        "x",
+        "y z",
+    ]);
+    assert_eq!(
+        run.obs["stdout"], "1,2\nfrom stdin\n['x', 'y z']\ntool-ran\n",
+        "{:#}",
+        run.obs
+    );
+}
+
+#[test]
+fn terminal_controls_and_invalid_utf8_are_escaped() {
+    require_native!();
+    let env = TestEnv::new();
+    let run = env.run_json(&[
+        "-c",
+        "import sys\nsys.stdout.buffer.write(b'\\x1b[31mred\\x07 bad:\\xff ok\\tx\\n')",
+    ]);
+    assert_eq!(run.obs["stdout"], "\\x1b[31mred\\x07 bad:\\xff ok\tx\n");
+}
+
+#[test]
+fn every_job_gets_one_audit_line_with_the_source_hash() {
+    require_native!();
+    let env = TestEnv::new();
+    let source = "print('audited-source-text')";
+    let ok = env.run_json(&["-c", source]);
+    let refused = env.run_json(&["-l", "cobol", "-c", "x"]);
+    let lines = env.audit_lines();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["job_id"], ok.obs["job_id"]);
+    assert_eq!(lines[1]["job_id"], refused.obs["job_id"]);
+    let expected = format!("sha256:{}", {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(source.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8(out.stdout).unwrap()[..64].to_owned()
+    });
+    assert_eq!(lines[0]["source_sha256"], expected.as_str());
+    assert_eq!(lines[0]["outcome"], "exited");
+    assert_eq!(lines[0]["backend"], "native");
+    assert_eq!(lines[0]["policy_version"], "default-1");
+    assert_eq!(lines[0]["limits"]["memory"], "256MiB");
+    assert_eq!(lines[0]["stdout_bytes"], 20);
+    assert!(lines[0]["duration_ms"].as_u64().is_some());
+    assert_eq!(lines[1]["error_kind"], "invalid_input");
+    let raw = std::fs::read_to_string(env.path().join("audit.jsonl")).unwrap();
+    assert!(
+        !raw.contains("audited-source-text"),
+        "the audit log holds the source"
+    );
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole test suite of airlock, on a fresh Debian 12 machine, as root.
+#
+# Installs and prepares what the tests need, caching downloads outside the clone
+# (AIRLOCK_CI_CACHE, default /var/cache/airlock-ci), then runs every test of the
+# workspace with cargo-nextest. Under AIRLOCK_REQUIRE_ALL=1 (set here) a test whose
+# requirement is missing fails instead of being skipped: nothing is counted as passed
+# that did not run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache="${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}"
+mkdir -p "$cache"
+log() { printf '==> %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: run as root: the native sandbox's tests create cgroups and user namespaces" >&2
+  exit 1
+fi
+
+# Debian packages the tests use.
+need=()
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v python3 >/dev/null || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# A minimal Debian rootfs for the dir: rootfs tests (about 30 s the first time).
+rootfs="$cache/rootfs-bookworm"
+if [ ! -f "$rootfs/.airlock-complete" ]; then
+  log "building a minbase rootfs in $rootfs with debootstrap"
+  rm -rf "$rootfs.tmp"
+  debootstrap --variant=minbase bookworm "$rootfs.tmp" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 \
+    || { tail -20 "$cache/debootstrap.log" >&2; exit 1; }
+  rm -rf "$rootfs"
+  mv "$rootfs.tmp" "$rootfs"
+  touch "$rootfs/.airlock-complete"
+fi
+export AIRLOCK_TEST_ROOTFS="$rootfs"
+
+export AIRLOCK_REQUIRE_ALL=1
+export AIRLOCK_SKIP_LOG="$cache/skipped.txt"
+rm -f "$AIRLOCK_SKIP_LOG"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+log "cargo nextest run --workspace"
+cargo nextest run --workspace --locked --no-fail-fast
+if [ -s "$AIRLOCK_SKIP_LOG" ]; then
+  echo "skipped tests:" >&2
+  cat "$AIRLOCK_SKIP_LOG" >&2
+  exit 1
+fi
+log "all tests passed"
