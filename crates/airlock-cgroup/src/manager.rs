@@ -233,6 +233,30 @@ impl CgroupManager {
         Ok(job)
     }
 
+    /// Kills and removes the group `name` left behind by a job whose supervisor died. The
+    /// caller decides the job is stale (airlock-native holds a lock per live job); groups
+    /// missing under some parents are skipped.
+    pub fn remove_stale_job(&self, name: &str) -> Result<(), CgroupError> {
+        validate_name(name)?;
+        let dirs: Vec<GroupDir> = self
+            .parents
+            .iter()
+            .map(|parent| parent.child(name))
+            .filter(|dir| dir.dir.is_dir())
+            .collect();
+        if dirs.is_empty() {
+            return Ok(());
+        }
+        let job = JobCgroup {
+            name: name.to_owned(),
+            version: self.version,
+            dirs,
+            removed: false,
+        };
+        tracing::info!(job = name, "removing the cgroup of a stale job");
+        job.remove()
+    }
+
     /// Names of the child groups under the parent(s), sorted: after every job is removed this
     /// is empty.
     pub fn job_groups(&self) -> Result<Vec<String>, CgroupError> {

@@ -222,7 +222,23 @@ async fn run_async(args: RunArgs) -> Observation {
     };
     let backend = make_backend(backend_kind, &loaded);
     let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
-    engine.run(request).await
+    engine.run_until(request, None, interrupted()).await
+}
+
+/// Completes on SIGINT or SIGTERM, naming the signal: the job is then killed and its
+/// sandbox removed before airlock exits, rather than left to whoever cleans up next.
+async fn interrupted() -> String {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT".to_owned(),
+        _ = term.recv() => "SIGTERM".to_owned(),
+    }
 }
 
 fn make_backend(

@@ -138,6 +138,19 @@ impl Engine {
 
     /// Like [`Engine::run`], recording `tenant` in the audit line.
     pub async fn run_with(&self, request: JobRequest, tenant: Option<String>) -> Observation {
+        self.run_until(request, tenant, std::future::pending())
+            .await
+    }
+
+    /// Like [`Engine::run_with`], but when `interrupt` completes first (a signal, a server
+    /// shutdown) the job is killed and its sandbox removed, and the observation is an
+    /// `internal` error naming the reason. The job is audited either way.
+    pub async fn run_until(
+        &self,
+        request: JobRequest,
+        tenant: Option<String>,
+        interrupt: impl std::future::Future<Output = String>,
+    ) -> Observation {
         let received_at = SystemTime::now();
         let started = Instant::now();
         let mut context = AuditContext {
@@ -175,7 +188,14 @@ impl Engine {
                         e.kind,
                         e.message.clone(),
                     ),
-                    Ok(backend) => match backend.run(&spec).await {
+                    Ok(backend) => match tokio::select! {
+                        result = backend.run(&spec) => result,
+                        // Dropping the backend's future kills the sandbox and removes it.
+                        reason = interrupt => Err(BackendError::new(
+                            ErrorKind::Internal,
+                            format!("interrupted ({reason}); the job was killed"),
+                        )),
+                    } {
                         Ok(report) => {
                             context.setup = report.setup;
                             report.into_observation(

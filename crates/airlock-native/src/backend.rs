@@ -41,6 +41,10 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 pub const STATUS_EVENTS_MAX: usize = 16;
 /// Longest status line read.
 pub const STATUS_LINE_MAX_BYTES: u64 = 4096;
+/// RLIMIT_CORE of the job: 1, not 0. The kernel ignores the core limit when
+/// `kernel.core_pattern` is a pipe (systemd-coredump, apport), except that 1 means "no
+/// dump"; and a file dump needs at least a page. So 1 is the value that disables both.
+pub const CORE_RLIMIT_BYTES: u64 = 1;
 /// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
 pub const CPU_RLIMIT_SLACK_SECS: u64 = 2;
 
@@ -122,6 +126,7 @@ impl NativeBackend {
             path: PathBuf::from("/"),
             source,
         })?;
+        sweep_stale_jobs(&runtime, &cgroups);
         Ok(Self {
             config,
             runtime,
@@ -219,6 +224,7 @@ impl NativeBackend {
             + CPU_RLIMIT_SLACK_SECS;
         Ok(SandboxPlan {
             job_id: job.id.to_string(),
+            supervisor_pid: rustix::process::getpid().as_raw_nonzero().get(),
             cgroup_procs: cgroup.procs_files(),
             ids: self.ids,
             new_root: jobdir.root(),
@@ -238,7 +244,7 @@ impl NativeBackend {
                 },
                 RlimitSetting {
                     resource: RlimitResource::Core,
-                    value: 0,
+                    value: CORE_RLIMIT_BYTES,
                 },
                 RlimitSetting {
                     resource: RlimitResource::Cpu,
@@ -486,6 +492,41 @@ fn teardown(cgroup: JobCgroup, jobdir: JobDir) -> Result<JobStats, NativeError> 
         tracing::warn!(error = %e, "cannot remove job directory");
     }
     Ok(stats?)
+}
+
+/// Removes what jobs of a crashed supervisor left behind: their cgroups (killing what
+/// still runs there) and their directories. A live job's directory is locked by its
+/// supervisor and exists for as long as its cgroup does, so neither is ever touched.
+fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: &CgroupManager) {
+    let stale = match runtime.stale_jobs() {
+        Ok(stale) => stale,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot scan the runtime directory for stale jobs");
+            return;
+        }
+    };
+    for name in &stale {
+        if let Err(e) = cgroups.remove_stale_job(name) {
+            tracing::warn!(job = %name, error = %e, "cannot remove a stale job's cgroup");
+            continue;
+        }
+        if let Err(e) = runtime.remove_job_dir(name) {
+            tracing::warn!(job = %name, error = %e, "cannot remove a stale job directory");
+        }
+    }
+    // Groups first, directories second: a job's directory is created before its cgroup and
+    // removed after it, so a group listed here whose directory is missing afterwards is
+    // truly orphaned, never a job being created right now.
+    let Ok(groups) = cgroups.job_groups() else {
+        return;
+    };
+    let live: std::collections::BTreeSet<String> =
+        runtime.job_dirs().unwrap_or_default().into_iter().collect();
+    for name in groups.iter().filter(|g| !live.contains(*g)) {
+        if let Err(e) = cgroups.remove_stale_job(name) {
+            tracing::warn!(job = %name, error = %e, "cannot remove an orphaned job cgroup");
+        }
+    }
 }
 
 fn cloexec_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), NativeError> {

@@ -137,6 +137,17 @@ fn read_plan() -> Result<SandboxPlan, StepFailure> {
 fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     let plan = read_plan()?;
 
+    // 0. Die with the supervisor: if it is killed, the sandbox must not outlive it. If it
+    //    died before the signal was armed, we have already been reparented.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .step(|| "set parent death signal".into())?;
+    if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(plan.supervisor_pid) {
+        return Err(StepFailure::new(
+            "check supervisor",
+            &io::Error::other("the supervisor is gone"),
+        ));
+    }
+
     // 1. Join the job's cgroup before anything else, so every later process is counted
     //    and the cgroup namespace below is rooted at the job's group.
     for procs in &plan.cgroup_procs {

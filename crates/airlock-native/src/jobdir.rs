@@ -71,6 +71,41 @@ impl RuntimeDir {
         &self.path
     }
 
+    /// Job directories whose supervisor is gone: their lock can be taken, or they have no
+    /// lock file and are older than [`UNLOCKED_GRACE`].
+    pub fn stale_jobs(&self) -> io::Result<Vec<String>> {
+        let mut stale = Vec::new();
+        for name in self.job_dirs()? {
+            let dir = self.path.join(&name);
+            let lock = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(dir.join(LOCK_FILE));
+            let is_stale = match lock {
+                Ok(file) => {
+                    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                        .is_ok()
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => fs::symlink_metadata(&dir)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > UNLOCKED_GRACE)),
+                Err(_) => false,
+            };
+            if is_stale {
+                stale.push(name);
+            }
+        }
+        Ok(stale)
+    }
+
+    /// Removes a stale job's directory.
+    pub fn remove_job_dir(&self, name: &str) -> io::Result<()> {
+        if name.contains('/') || name == "." || name == ".." {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        fs::remove_dir_all(self.path.join(name))
+    }
+
     /// Names of job directories present (for leak checks and stale cleanup).
     pub fn job_dirs(&self) -> io::Result<Vec<String>> {
         let mut names: Vec<String> = fs::read_dir(&self.path)?
@@ -82,11 +117,20 @@ impl RuntimeDir {
     }
 }
 
+/// The file in each job directory that the supervisor keeps locked for the job's life.
+pub const LOCK_FILE: &str = "lock";
+
+/// A job directory without a lock file younger than this may still be under construction.
+pub const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// One job's directory. Removed on drop.
 #[derive(Debug)]
 pub struct JobDir {
     path: PathBuf,
     removed: bool,
+    /// Held (flock) while the job lives: a directory whose lock can be taken belongs to a
+    /// supervisor that died, and is swept by the next one.
+    _lock: std::os::fd::OwnedFd,
 }
 
 impl JobDir {
@@ -105,9 +149,20 @@ impl JobDir {
             .mode(0o700)
             .create(&path)
             .map_err(create_err)?;
+        let lock = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path.join(LOCK_FILE))
+            .map_err(create_err)?;
+        let lock = std::os::fd::OwnedFd::from(lock);
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| create_err(e.into()))?;
         let dir = Self {
             path: path.clone(),
             removed: false,
+            _lock: lock,
         };
         // The sandbox init runs as the namespace's root, an unprivileged host uid: it
         // must own the job directory to reach `work/` and `root/` under mode 0700.
@@ -162,6 +217,12 @@ impl JobDir {
         self.path.join("root")
     }
 
+    /// Releases the lock and leaves the directory, as a supervisor killed mid-job does.
+    #[cfg(test)]
+    fn abandon(mut self) {
+        self.removed = true;
+    }
+
     /// Removes the directory and everything in it.
     pub fn remove(mut self) -> io::Result<()> {
         self.removed = true;
@@ -212,4 +273,64 @@ fn chown_tree(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        airlock_core::JobRequest {
+            language: "sh".into(),
+            source: b"true".to_vec(),
+            ..Default::default()
+        }
+        .resolve(&airlock_core::Policy::builtin())
+        .unwrap()
+    }
+
+    #[test]
+    fn a_live_job_is_never_stale_and_an_abandoned_one_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let runtime = RuntimeDir::open(&tmp.path().join("rt")).unwrap();
+        let ids = IdMapping::Rootless {
+            host_uid: rustix::process::geteuid().as_raw(),
+            host_gid: rustix::process::getegid().as_raw(),
+        };
+        let live = JobDir::create(&runtime, &spec(), &ids).unwrap();
+        let dead_job = spec();
+        let dead = JobDir::create(&runtime, &dead_job, &ids).unwrap();
+        assert_eq!(runtime.stale_jobs().unwrap(), Vec::<String>::new());
+        // What a killed supervisor leaves: the directory, its lock released.
+        dead.abandon();
+        assert_eq!(runtime.stale_jobs().unwrap(), vec![dead_job.id.to_string()]);
+        runtime.remove_job_dir(dead_job.id.as_str()).unwrap();
+        assert_eq!(runtime.job_dirs().unwrap().len(), 1);
+        drop(live);
+        assert_eq!(runtime.job_dirs().unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_source_and_files_are_written_without_following_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        let runtime = RuntimeDir::open(&tmp.path().join("rt")).unwrap();
+        let ids = IdMapping::Rootless {
+            host_uid: rustix::process::geteuid().as_raw(),
+            host_gid: rustix::process::getegid().as_raw(),
+        };
+        let mut job = spec();
+        job.files = vec![airlock_core::job::JobFile {
+            path: "d/e/f.txt".into(),
+            content: b"hi".to_vec(),
+            executable: true,
+        }];
+        let dir = JobDir::create(&runtime, &job, &ids).unwrap();
+        let f = dir.work().join("d/e/f.txt");
+        assert_eq!(fs::read(&f).unwrap(), b"hi");
+        assert_eq!(fs::metadata(&f).unwrap().mode() & 0o777, 0o755);
+        assert_eq!(fs::read(dir.work().join("main.sh")).unwrap(), b"true");
+        let path = dir.work().parent().unwrap().to_owned();
+        drop(dir);
+        assert!(!path.exists());
+    }
 }

@@ -240,6 +240,9 @@ pub enum RlimitResource {
 pub struct SandboxPlan {
     /// For messages.
     pub job_id: String,
+    /// The supervisor's pid: the helper dies with it (parent-death signal) and checks it is
+    /// still its parent after arming that signal.
+    pub supervisor_pid: i32,
     /// `cgroup.procs` files the helper writes itself into before anything else.
     pub cgroup_procs: Vec<PathBuf>,
     /// The id mapping.
