@@ -1,0 +1,2 @@
+//! airlock-redact: replaces secret-shaped strings in job output with `[REDACTED:<rule>]`.
+#![forbid(unsafe_code)]
