@@ -66,6 +66,9 @@ pub struct AuditRecord {
     pub cpu_ms: Option<u64>,
     /// Peak memory.
     pub peak_memory_bytes: Option<u64>,
+    /// Controls that held only in a weaker form the policy accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<String>,
 }
 
 /// What the engine knows about a job besides its observation.
@@ -124,6 +127,7 @@ impl AuditRecord {
             total_ms: millis(context.total),
             cpu_ms: observation.cpu_ms,
             peak_memory_bytes: observation.peak_memory_bytes,
+            degraded: observation.degraded.clone(),
         }
     }
 

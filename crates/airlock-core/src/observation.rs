@@ -106,6 +106,10 @@ pub struct Observation {
     /// Set only when `outcome` is `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// Controls that held only in a weaker form the policy accepted (e.g. `memory:
+    /// RLIMIT_AS`). Absent when the full shape held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<String>,
 }
 
 impl Observation {
@@ -141,6 +145,7 @@ impl Observation {
                 kind,
                 message: message.into(),
             }),
+            degraded: Vec::new(),
         }
     }
 
@@ -203,6 +208,8 @@ pub struct RunReport {
     pub peak_memory_bytes: Option<u64>,
     /// The image, when the rootfs is an image.
     pub image_digest: Option<String>,
+    /// Controls that held only in a weaker form.
+    pub degraded: Vec<String>,
 }
 
 impl RunReport {
@@ -259,6 +266,7 @@ impl RunReport {
             image_digest: self.image_digest,
             policy_version: policy_version.to_owned(),
             error: None,
+            degraded: self.degraded,
         }
     }
 }
@@ -339,6 +347,7 @@ mod tests {
             cpu_time: Some(Duration::from_millis(18)),
             peak_memory_bytes: Some(9_437_184),
             image_digest: None,
+            degraded: Vec::new(),
         }
     }
 

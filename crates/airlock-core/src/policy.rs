@@ -679,6 +679,19 @@ pub struct NativePolicy {
     /// When airlock runs as root, in-sandbox ids 0..65535 map to host ids starting here,
     /// so the job's uid 65534 is an unused host uid, never a real account or root.
     pub host_uid_base: u32,
+    /// Weaker shapes this policy accepts when the host cannot give the full one. Empty by
+    /// default: a missing control refuses the job. `"cgroup"` accepts rlimits (address
+    /// space, process count, CPU time) in place of cgroup limits, for unprivileged use
+    /// without a delegated cgroup; observations and audit lines then list what is degraded.
+    pub allow_degraded: Vec<DegradedControl>,
+}
+
+/// A control a policy may accept in a weaker form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DegradedControl {
+    /// rlimits instead of cgroup limits for memory, CPU and processes.
+    Cgroup,
 }
 
 impl NativePolicy {
@@ -693,6 +706,7 @@ impl Default for NativePolicy {
         Self {
             cgroup_parent: CgroupParent::Auto,
             host_uid_base: 1_879_048_192,
+            allow_degraded: Vec::new(),
         }
     }
 }

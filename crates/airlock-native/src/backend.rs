@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use airlock_cgroup::{CgroupManager, Hierarchy, JobCgroup, JobLimits, JobStats, ParentSpec};
 use airlock_core::capture::{BoundedCapture, CapturedOutput};
-use airlock_core::policy::{CgroupParent, NetworkMode, Policy, RootfsSpec};
+use airlock_core::policy::{CgroupParent, DegradedControl, NetworkMode, Policy, RootfsSpec};
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, RunReport,
     Termination,
@@ -59,6 +59,8 @@ pub struct NativeConfig {
     pub cgroup_parent: CgroupParent,
     /// As root: the first host id of the range the sandbox ids map to.
     pub host_uid_base: u32,
+    /// Weaker shapes the policy accepts.
+    pub allow_degraded: Vec<DegradedControl>,
 }
 
 impl NativeConfig {
@@ -69,6 +71,7 @@ impl NativeConfig {
             runtime_dir: RuntimeDir::default_path(),
             cgroup_parent: policy.native.cgroup_parent.clone(),
             host_uid_base: policy.native.host_uid_base,
+            allow_degraded: policy.native.allow_degraded.clone(),
         }
     }
 }
@@ -77,7 +80,10 @@ impl NativeConfig {
 pub struct NativeBackend {
     config: NativeConfig,
     runtime: RuntimeDir,
-    cgroups: CgroupManager,
+    /// `None` only when the policy accepts the degraded shape and no cgroup is usable.
+    cgroups: Option<CgroupManager>,
+    /// What holds only in a weaker form (empty when the full shape holds).
+    degraded: Vec<String>,
     ids: IdMapping,
     seccomp: CompiledSeccomp,
     host_layout: RootfsLayout,
@@ -107,39 +113,56 @@ impl NativeBackend {
                 host_gid: rustix::process::getegid().as_raw(),
             }
         };
-        let hierarchy = Hierarchy::detect()?;
-        let parent = match &config.cgroup_parent {
-            CgroupParent::Auto => ParentSpec::Auto,
-            CgroupParent::Path(p) => ParentSpec::Path(p.clone()),
+        let (cgroups, degraded) = match open_cgroups(&config) {
+            Ok(manager) => (Some(manager), Vec::new()),
+            Err(reason) if config.allow_degraded.contains(&DegradedControl::Cgroup) => {
+                tracing::info!(%reason, "no usable cgroup: limits fall back to rlimits, as the policy allows");
+                (
+                    None,
+                    DEGRADED_WITHOUT_CGROUP
+                        .iter()
+                        .map(|s| (*s).to_owned())
+                        .collect(),
+                )
+            }
+            Err(reason) => {
+                return Err(NativeError::Unsupported {
+                    control: "cgroup",
+                    reason: format!(
+                        "{reason}. The memory, CPU and process limits need a cgroup airlock may \
+                         manage: run as root, or inside a delegated cgroup v2 subtree \
+                         (systemd-run --user --scope -p Delegate=yes airlock ...), or accept \
+                         rlimits instead with [native] allow_degraded = [\"cgroup\"]"
+                    ),
+                });
+            }
         };
-        let cgroups =
-            CgroupManager::new(hierarchy, parent).map_err(|e| NativeError::Unsupported {
-                control: "cgroup",
-                reason: format!(
-                    "{e}; the memory, CPU and process limits need a cgroup airlock may \
-                     manage (run as root, or in a delegated cgroup v2 subtree)"
-                ),
-            })?;
         let runtime = RuntimeDir::open(&config.runtime_dir)?;
         let seccomp = CompiledSeccomp::builtin()?;
         let host_layout = RootfsLayout::probe_host().map_err(|source| NativeError::Rootfs {
             path: PathBuf::from("/"),
             source,
         })?;
-        sweep_stale_jobs(&runtime, &cgroups);
+        sweep_stale_jobs(&runtime, cgroups.as_ref());
         Ok(Self {
             config,
             runtime,
             cgroups,
+            degraded,
             ids,
             seccomp,
             host_layout,
         })
     }
 
-    /// The cgroup manager (for doctor and leak checks).
-    pub fn cgroups(&self) -> &CgroupManager {
-        &self.cgroups
+    /// The cgroup manager (for doctor and leak checks); `None` in the degraded shape.
+    pub fn cgroups(&self) -> Option<&CgroupManager> {
+        self.cgroups.as_ref()
+    }
+
+    /// Controls that hold only in a weaker form on this host.
+    pub fn degraded(&self) -> &[String] {
+        &self.degraded
     }
 
     /// The runtime directory (for leak checks).
@@ -193,7 +216,7 @@ impl NativeBackend {
         &self,
         job: &JobSpec,
         jobdir: &JobDir,
-        cgroup: &JobCgroup,
+        cgroup: Option<&JobCgroup>,
     ) -> Result<SandboxPlan, NativeError> {
         let layout = match &job.filesystem.rootfs {
             RootfsSpec::Host => self.host_layout.clone(),
@@ -222,10 +245,41 @@ impl NativeBackend {
             / 1000.0)
             .ceil() as u64
             + CPU_RLIMIT_SLACK_SECS;
+        let mut rlimits = vec![
+            RlimitSetting {
+                resource: RlimitResource::Nofile,
+                value: u64::from(job.limits.open_files),
+            },
+            RlimitSetting {
+                resource: RlimitResource::Fsize,
+                value: job.limits.file_size.as_u64(),
+            },
+            RlimitSetting {
+                resource: RlimitResource::Core,
+                value: CORE_RLIMIT_BYTES,
+            },
+            RlimitSetting {
+                resource: RlimitResource::Cpu,
+                value: cpu_secs,
+            },
+        ];
+        if cgroup.is_none() {
+            // The degraded shape: per-process address space for memory, per-namespace
+            // process count for pids. No CPU share is possible; the CPU-time cap stays.
+            rlimits.push(RlimitSetting {
+                resource: RlimitResource::As,
+                value: job.limits.memory.as_u64(),
+            });
+            // The helper and the init live in the job's user namespace too.
+            rlimits.push(RlimitSetting {
+                resource: RlimitResource::Nproc,
+                value: u64::from(job.limits.pids + INIT_PROCESSES),
+            });
+        }
         Ok(SandboxPlan {
             job_id: job.id.to_string(),
             supervisor_pid: rustix::process::getpid().as_raw_nonzero().get(),
-            cgroup_procs: cgroup.procs_files(),
+            cgroup_procs: cgroup.map(JobCgroup::procs_files).unwrap_or_default(),
             ids: self.ids,
             new_root: jobdir.root(),
             root_size_bytes: ROOT_TMPFS_BYTES,
@@ -233,24 +287,7 @@ impl NativeBackend {
             hostname: mount_plan::HOSTNAME.to_owned(),
             loopback_up: true,
             cwd: airlock_core::job::WORKDIR.to_owned(),
-            rlimits: vec![
-                RlimitSetting {
-                    resource: RlimitResource::Nofile,
-                    value: u64::from(job.limits.open_files),
-                },
-                RlimitSetting {
-                    resource: RlimitResource::Fsize,
-                    value: job.limits.file_size.as_u64(),
-                },
-                RlimitSetting {
-                    resource: RlimitResource::Core,
-                    value: CORE_RLIMIT_BYTES,
-                },
-                RlimitSetting {
-                    resource: RlimitResource::Cpu,
-                    value: cpu_secs,
-                },
-            ],
+            rlimits,
             argv: job.argv.clone(),
             env: job.env.clone(),
             seccomp: self.seccomp.clone(),
@@ -267,8 +304,11 @@ impl NativeBackend {
             cpu_millis: job.limits.cpus.millis(),
             pids_max: job.limits.pids + INIT_PROCESSES,
         };
-        let cgroup = self.cgroups.create_job(job.id.as_str(), &limits)?;
-        let plan = self.plan(job, &jobdir, &cgroup)?;
+        let cgroup = match &self.cgroups {
+            Some(manager) => Some(manager.create_job(job.id.as_str(), &limits)?),
+            None => None,
+        };
+        let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
         let supervised = self.supervise(job, &plan).await;
 
         // Teardown, whatever happened: kill what is left, read the accounting, remove the
@@ -280,17 +320,27 @@ impl NativeBackend {
             Err(join) => return Err(NativeError::Helper(format!("teardown task: {join}"))),
         };
         let supervised = supervised?;
+        let (cpu_time, peak_memory_bytes, oom_kills) = match stats {
+            Some(stats) => (stats.cpu_time, stats.peak_memory_bytes, stats.oom_kills),
+            // Without a cgroup, the init's view of the processes it reaped.
+            None => (
+                supervised.usage.map(|u| Duration::from_millis(u.cpu_ms)),
+                supervised.usage.map(|u| u.max_rss_bytes),
+                0,
+            ),
+        };
         Ok(RunReport {
             termination: supervised.termination,
             limit_hit: supervised.limit_hit,
-            oom_kills: stats.oom_kills,
+            oom_kills,
             stdout: supervised.stdout,
             stderr: supervised.stderr,
             duration: supervised.duration,
             setup: supervised.setup,
-            cpu_time: stats.cpu_time,
-            peak_memory_bytes: stats.peak_memory_bytes,
+            cpu_time,
+            peak_memory_bytes,
             image_digest: None,
+            degraded: self.degraded.clone(),
         })
     }
 
@@ -451,10 +501,17 @@ impl NativeBackend {
             tracing::warn!(job_id = %job.id, "status pipe still open after the helper exited");
         }
         let mut termination = Termination::Unknown;
+        let mut usage = None;
         while let Ok(event) = events.try_recv() {
             match event {
-                InitEvent::Exited { code } => termination = Termination::Exited(code),
-                InitEvent::Signaled { signal } => termination = Termination::Signaled(signal),
+                InitEvent::Exited { code, usage: u } => {
+                    termination = Termination::Exited(code);
+                    usage = u;
+                }
+                InitEvent::Signaled { signal, usage: u } => {
+                    termination = Termination::Signaled(signal);
+                    usage = u;
+                }
                 InitEvent::Started | InitEvent::Failed { .. } => {}
             }
         }
@@ -462,6 +519,7 @@ impl NativeBackend {
         let stderr = drain(stderr_task).await;
         Ok(Supervised {
             termination,
+            usage,
             limit_hit,
             stdout,
             stderr,
@@ -473,6 +531,7 @@ impl NativeBackend {
 
 struct Supervised {
     termination: Termination,
+    usage: Option<crate::plan::Usage>,
     limit_hit: Option<LimitHit>,
     stdout: CapturedOutput,
     stderr: CapturedOutput,
@@ -480,24 +539,55 @@ struct Supervised {
     setup: Duration,
 }
 
-fn teardown(cgroup: JobCgroup, jobdir: JobDir) -> Result<JobStats, NativeError> {
-    let killed = cgroup.kill_all();
-    let _ = cgroup.wait_empty(TEARDOWN_WAIT);
-    let stats = cgroup.stats();
-    let removed = cgroup.remove();
-    let dir_removed = jobdir.remove();
-    killed?;
-    removed?;
-    if let Err(e) = dir_removed {
+fn teardown(cgroup: Option<JobCgroup>, jobdir: JobDir) -> Result<Option<JobStats>, NativeError> {
+    let stats = match cgroup {
+        Some(cgroup) => {
+            let killed = cgroup.kill_all();
+            let _ = cgroup.wait_empty(TEARDOWN_WAIT);
+            let stats = cgroup.stats();
+            let removed = cgroup.remove();
+            killed?;
+            removed?;
+            Some(stats?)
+        }
+        None => None,
+    };
+    if let Err(e) = jobdir.remove() {
         tracing::warn!(error = %e, "cannot remove job directory");
     }
-    Ok(stats?)
+    Ok(stats)
+}
+
+/// What is weaker without a cgroup, as listed in observations and audit lines.
+pub const DEGRADED_WITHOUT_CGROUP: &[&str] = &[
+    "memory: RLIMIT_AS per process instead of a cgroup limit for the whole job",
+    "pids: RLIMIT_NPROC per user namespace instead of a cgroup limit",
+    "cpu: no CPU share, only the RLIMIT_CPU time cap",
+    "accounting: cpu and peak memory from the processes the init reaped",
+];
+
+/// Opens the cgroup hierarchy and checks that job groups can be created under the parent.
+fn open_cgroups(config: &NativeConfig) -> Result<CgroupManager, String> {
+    let hierarchy = Hierarchy::detect().map_err(|e| e.to_string())?;
+    let parent = match &config.cgroup_parent {
+        CgroupParent::Auto => ParentSpec::Auto,
+        CgroupParent::Path(p) => ParentSpec::Path(p.clone()),
+    };
+    let report = hierarchy.report_for(&parent);
+    if !report.parent.writable {
+        return Err(report
+            .parent
+            .explanation
+            .clone()
+            .unwrap_or_else(|| "the cgroup parent is not writable".to_owned()));
+    }
+    CgroupManager::new(hierarchy, parent).map_err(|e| e.to_string())
 }
 
 /// Removes what jobs of a crashed supervisor left behind: their cgroups (killing what
 /// still runs there) and their directories. A live job's directory is locked by its
 /// supervisor and exists for as long as its cgroup does, so neither is ever touched.
-fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: &CgroupManager) {
+fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: Option<&CgroupManager>) {
     let stale = match runtime.stale_jobs() {
         Ok(stale) => stale,
         Err(e) => {
@@ -506,7 +596,9 @@ fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: &CgroupManager) {
         }
     };
     for name in &stale {
-        if let Err(e) = cgroups.remove_stale_job(name) {
+        if let Some(cgroups) = cgroups
+            && let Err(e) = cgroups.remove_stale_job(name)
+        {
             tracing::warn!(job = %name, error = %e, "cannot remove a stale job's cgroup");
             continue;
         }
@@ -517,6 +609,9 @@ fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: &CgroupManager) {
     // Groups first, directories second: a job's directory is created before its cgroup and
     // removed after it, so a group listed here whose directory is missing afterwards is
     // truly orphaned, never a job being created right now.
+    let Some(cgroups) = cgroups else {
+        return;
+    };
     let Ok(groups) = cgroups.job_groups() else {
         return;
     };

@@ -279,15 +279,30 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
                 .join(", "),
         )
     } else {
-        Check::missing(
-            "cgroup parent",
-            r.parent
-                .explanation
-                .clone()
-                .unwrap_or_else(|| "airlock cannot create job cgroups".into()),
-            "run as root, or inside a delegated cgroup v2 subtree \
-             (systemd-run --user --scope -p Delegate=yes airlock ...), or set [native] cgroup_parent",
-        )
+        let why = r
+            .parent
+            .explanation
+            .clone()
+            .unwrap_or_else(|| "airlock cannot create job cgroups".into());
+        let fix = "run as root, or inside a delegated cgroup v2 subtree \
+             (systemd-run --user --scope -p Delegate=yes airlock ...), or set [native] \
+             cgroup_parent, or accept rlimits instead with [native] allow_degraded = [\"cgroup\"]";
+        if policy
+            .native
+            .allow_degraded
+            .contains(&airlock_core::policy::DegradedControl::Cgroup)
+        {
+            Check::warning(
+                "cgroup parent",
+                format!(
+                    "{why}; the policy accepts the degraded shape: memory and pids as rlimits, \
+                     no CPU share (every observation lists this)"
+                ),
+                fix,
+            )
+        } else {
+            Check::missing("cgroup parent", why, fix)
+        }
     });
     checks
 }

@@ -28,7 +28,7 @@ use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions};
 
 use crate::plan::{
     IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep, PLAN_FD, RlimitResource,
-    STATUS_FD, SandboxPlan,
+    STATUS_FD, SandboxPlan, Usage,
 };
 
 /// Largest plan accepted (the seccomp programs and environment dominate).
@@ -329,10 +329,14 @@ fn reap_until_job_exits(status: &OwnedFd, job: Pid) -> ! {
     loop {
         match rustix::process::wait(WaitOptions::empty()) {
             Ok(Some((pid, st))) if pid == job => {
+                let usage = process::children_usage().ok().map(|(cpu, rss)| Usage {
+                    cpu_ms: u64::try_from(cpu.as_millis()).unwrap_or(u64::MAX),
+                    max_rss_bytes: rss,
+                });
                 let event = if let Some(code) = st.exit_status() {
-                    InitEvent::Exited { code }
+                    InitEvent::Exited { code, usage }
                 } else if let Some(signal) = st.terminating_signal() {
-                    InitEvent::Signaled { signal }
+                    InitEvent::Signaled { signal, usage }
                 } else {
                     continue;
                 };
@@ -596,6 +600,8 @@ fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
             RlimitResource::Fsize => Resource::Fsize,
             RlimitResource::Core => Resource::Core,
             RlimitResource::Cpu => Resource::Cpu,
+            RlimitResource::As => Resource::As,
+            RlimitResource::Nproc => Resource::Nproc,
         };
         rustix::process::setrlimit(
             resource,

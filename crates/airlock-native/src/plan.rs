@@ -233,6 +233,11 @@ pub enum RlimitResource {
     Core,
     /// CPU seconds (a backstop behind the wall-time kill).
     Cpu,
+    /// Address space: the memory limit when no cgroup is available (degraded).
+    As,
+    /// Processes of the job's uid in its user namespace: the pids limit when no cgroup is
+    /// available (degraded; per user namespace since Linux 5.14).
+    Nproc,
 }
 
 /// Everything the init needs.
@@ -279,11 +284,15 @@ pub enum InitEvent {
     Exited {
         /// Exit code.
         code: i32,
+        /// Resource use of the program and every process the init reaped.
+        usage: Option<Usage>,
     },
     /// A signal killed the program.
     Signaled {
         /// Signal number.
         signal: i32,
+        /// Resource use, as for `Exited`.
+        usage: Option<Usage>,
     },
     /// A setup step failed; the program never ran.
     Failed {
@@ -294,6 +303,16 @@ pub enum InitEvent {
         /// A human explanation.
         detail: String,
     },
+}
+
+/// Resource use measured by the init (`getrusage` of its reaped children). Used when no
+/// cgroup measures the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// User plus system CPU time.
+    pub cpu_ms: u64,
+    /// The largest process's peak resident size.
+    pub max_rss_bytes: u64,
 }
 
 /// The longest event line the init writes. Below `PIPE_BUF`, so each write is atomic.
@@ -359,8 +378,12 @@ mod tests {
         let back: InitEvent = serde_json::from_slice(&line).unwrap();
         assert!(matches!(back, InitEvent::Failed { .. }));
         assert_eq!(
-            InitEvent::Exited { code: 3 }.to_line(),
-            b"{\"event\":\"exited\",\"code\":3}\n"
+            InitEvent::Exited {
+                code: 3,
+                usage: None
+            }
+            .to_line(),
+            b"{\"event\":\"exited\",\"code\":3,\"usage\":null}\n"
         );
     }
 }

@@ -173,6 +173,24 @@ pub struct PassedFds {
     _held: Vec<OwnedFd>,
 }
 
+/// CPU time and peak resident size of the terminated children this process has waited
+/// for (`getrusage(RUSAGE_CHILDREN)`): user plus system time, and the largest child's peak.
+pub fn children_usage() -> io::Result<(std::time::Duration, u64)> {
+    // SAFETY: rusage is a plain C struct for which all-zero bytes are a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage that outlives the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let micros = |t: libc::timeval| {
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0)
+    };
+    let cpu = std::time::Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime));
+    // ru_maxrss is in KiB on Linux.
+    let max_rss_bytes = u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024;
+    Ok((cpu, max_rss_bytes))
+}
+
 static CLAIMED_FDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Takes ownership of a descriptor this process inherited at a known number (0..64), and

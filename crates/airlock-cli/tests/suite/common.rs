@@ -5,9 +5,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// The airlock binary under test.
-pub fn airlock_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_airlock")
+/// The airlock binary under test: `$AIRLOCK_BIN` when set (the rootless pass of
+/// `scripts/test.sh` runs a copy the unprivileged user can reach), else cargo's build.
+pub fn airlock_bin() -> String {
+    std::env::var("AIRLOCK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_airlock").to_owned())
 }
 
 /// A test's own state directory (audit log, policy files).

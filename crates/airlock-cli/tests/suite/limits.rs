@@ -153,7 +153,7 @@ fn printing_a_gigabyte_keeps_the_supervisor_small() {
                   sys.stdout.buffer.write(p.stdout)";
     let job = "import sys\nchunk = b'y' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(chunk)";
     let out = std::process::Command::new("python3")
-        .args(["-c", driver, super::common::airlock_bin(), "run", "--json"])
+        .args(["-c", driver, &super::common::airlock_bin(), "run", "--json"])
         .args(["--policy", policy.to_str().unwrap(), "-c", job])
         .env("AIRLOCK_STATE_DIR", env.path())
         .output()

@@ -6,3 +6,4 @@ mod limits;
 mod policy_cmd;
 mod probe;
 mod rootfs_dir;
+mod rootless;

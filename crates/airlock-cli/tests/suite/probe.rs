@@ -8,7 +8,11 @@ use pretty_assertions::assert_eq;
 use super::common::TestEnv;
 use crate::require_native;
 
-fn run_probe(env: &TestEnv, policy_body: &str, extra: &[&str]) -> (ProbeReport, serde_json::Value) {
+pub fn run_probe(
+    env: &TestEnv,
+    policy_body: &str,
+    extra: &[&str],
+) -> (ProbeReport, serde_json::Value) {
     let probe = airlock_testkit::require_probe().expect("probe binary");
     let policy = env.policy(&format!(
         "[limits]\nstdout = \"1MiB\"\nfiles = \"64MiB\"\n{policy_body}"
@@ -38,10 +42,16 @@ fn run_probe(env: &TestEnv, policy_body: &str, extra: &[&str]) -> (ProbeReport, 
 #[test]
 fn probe_sees_a_locked_down_sandbox() {
     require_native!();
+    assert_probe_sees_a_locked_down_sandbox("");
+}
+
+/// Runs the probe under a policy (`policy_body` added to the test policy) and checks every
+/// property of the security shape that does not depend on cgroups.
+pub fn assert_probe_sees_a_locked_down_sandbox(policy_body: &str) -> ProbeReport {
     let env = TestEnv::new();
     let canary = TcpListener::bind("127.0.0.1:0").unwrap();
     let canary_addr = canary.local_addr().unwrap().to_string();
-    let (r, _) = run_probe(&env, "", &["--canary", &canary_addr, "--fill-tmp"]);
+    let (r, _) = run_probe(&env, policy_body, &["--canary", &canary_addr, "--fill-tmp"]);
 
     // Identity: uid/gid 65534, alone in its pid namespace.
     assert_eq!((r.identity.uid, r.identity.euid), (65534, 65534));
@@ -172,13 +182,21 @@ fn probe_sees_a_locked_down_sandbox() {
         DangerousCall::Chroot,
         DangerousCall::SocketPacketRaw,
         DangerousCall::SocketInetRawIcmp,
-        DangerousCall::Setuid0,
-        DangerousCall::Setgid0,
     ] {
         assert_eq!(
             r.syscall(call),
             Some(&Outcome::errno("EPERM")),
             "{}",
+            call.name()
+        );
+    }
+    // Becoming root fails: EPERM where root is mapped (airlock as root), EINVAL where it
+    // is not mapped at all (rootless).
+    for call in [DangerousCall::Setuid0, DangerousCall::Setgid0] {
+        let outcome = r.syscall(call).unwrap();
+        assert!(
+            matches!(outcome.errno_name(), Some("EPERM" | "EINVAL")),
+            "{}: {outcome:?}",
             call.name()
         );
     }
@@ -198,6 +216,7 @@ fn probe_sees_a_locked_down_sandbox() {
     assert_eq!(r.rlimits.fsize.hard, Some(64 * 1024 * 1024));
     // 1, not 0: the only value that also stops dumps to a core_pattern pipe.
     assert_eq!(r.rlimits.core.hard, Some(1));
+    r
 }
 
 #[test]
