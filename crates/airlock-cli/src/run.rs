@@ -116,8 +116,43 @@ pub fn run(args: RunArgs) -> ExitCode {
             );
         }
     };
-    let observation = runtime.block_on(run_async(args));
-    finish(json, &observation)
+    let out_dir = args.out.clone();
+    let result = runtime.block_on(run_async(args));
+    let code = finish(json, &result.observation);
+    if let Some(dir) = out_dir
+        && let Err(e) = copy_out(&dir, &result.files)
+    {
+        eprintln!("airlock: --out {}: {e}", dir.display());
+        return ExitCode::from(EXIT_AIRLOCK_ERROR);
+    }
+    code
+}
+
+/// Writes the released files under `dir`, never overwriting and never following a
+/// symlink at the final component.
+fn copy_out(dir: &Path, files: &[airlock_core::ReleasedFile]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    for file in files {
+        let target = dir.join(&file.path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc_o_nofollow())
+            .mode(0o644)
+            .open(&target)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", target.display())))?;
+        out.write_all(&file.content)?;
+    }
+    Ok(())
+}
+
+/// `O_NOFOLLOW`, spelled out to avoid a libc dependency in the binary.
+const fn libc_o_nofollow() -> i32 {
+    0o400000
 }
 
 fn finish(json: bool, observation: &Observation) -> ExitCode {
@@ -184,41 +219,49 @@ fn refuse(kind: ErrorKind, message: impl Into<String>, version: &str) -> Observa
     airlock_engine::early_error(kind, message, version)
 }
 
-async fn run_async(args: RunArgs) -> Observation {
+async fn run_async(args: RunArgs) -> airlock_core::JobResult {
+    let result = |observation| airlock_core::JobResult {
+        observation,
+        files: Vec::new(),
+    };
     let loaded = match &args.policy {
         Some(path) => match LoadedPolicy::from_file(path) {
             Ok(p) => p,
-            Err(e) => return refuse(ErrorKind::InvalidInput, error_chain(&e), "unknown"),
+            Err(e) => {
+                return result(refuse(ErrorKind::InvalidInput, error_chain(&e), "unknown"));
+            }
         },
         None => LoadedPolicy::builtin(),
     };
     let version = loaded.policy.version.clone();
     let request = match build_request(&args) {
         Ok(r) => r,
-        Err(e) => return refuse(e.0, e.1, &version),
+        Err(e) => return result(refuse(e.0, e.1, &version)),
     };
     let backend_kind: BackendKind = match args.backend.parse() {
         Ok(kind) => kind,
-        Err(e) => return refuse(ErrorKind::InvalidInput, e, &version),
+        Err(e) => return result(refuse(ErrorKind::InvalidInput, e, &version)),
     };
-    if args.out.is_some() {
-        return refuse(
-            ErrorKind::BackendUnavailable,
-            "--out: releasing files from /out is not built yet",
-            &version,
-        );
-    }
     if args.image.is_some() {
-        return refuse(
+        return result(refuse(
             ErrorKind::BackendUnavailable,
             "--image: OCI image rootfs is not built yet; use a policy with rootfs \"host\" or \"dir:/path\"",
             &version,
-        );
+        ));
+    }
+    if let Some(dir) = &args.out
+        && let Err(e) = check_out_dir(dir)
+    {
+        return result(refuse(
+            ErrorKind::InvalidInput,
+            format!("--out {}: {e}", dir.display()),
+            &version,
+        ));
     }
     let audit_path = loaded.audit_path();
     let audit = match AuditLog::open(&audit_path, loaded.policy.audit.fsync) {
         Ok(a) => a,
-        Err(e) => return refuse(ErrorKind::Internal, error_chain(&e), &version),
+        Err(e) => return result(refuse(ErrorKind::Internal, error_chain(&e), &version)),
     };
     let backend = make_backend(backend_kind, &loaded);
     let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
@@ -238,6 +281,16 @@ async fn interrupted() -> String {
     tokio::select! {
         _ = int.recv() => "SIGINT".to_owned(),
         _ = term.recv() => "SIGTERM".to_owned(),
+    }
+}
+
+/// `--out DIR` must be a directory (or not exist yet), so a job is not run for nothing.
+fn check_out_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(std::io::Error::other("not a directory")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -306,8 +359,15 @@ fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
             .split_once('=')
             .ok_or_else(|| invalid(format!("--file {spec:?}: expected NAME=PATH")))?;
         let path = Path::new(path);
-        let meta = std::fs::metadata(path)
+        // Symlinks in the input are never followed: name the file itself.
+        let meta = std::fs::symlink_metadata(path)
             .map_err(|e| invalid(format!("--file {name}: {}: {e}", path.display())))?;
+        if meta.file_type().is_symlink() {
+            return Err(invalid(format!(
+                "--file {name}: {} is a symbolic link; give the file it points to",
+                path.display()
+            )));
+        }
         if !meta.is_file() {
             return Err(invalid(format!(
                 "--file {name}: {} is not a regular file",
@@ -381,5 +441,6 @@ fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
             allow: args.allow.clone(),
         },
         env,
+        out: args.out.is_some(),
     })
 }

@@ -54,8 +54,12 @@ pub struct AuditRecord {
     pub stdout_truncated: bool,
     /// Whether stderr was cut.
     pub stderr_truncated: bool,
-    /// Redactions made.
+    /// Redactions made (output and released files).
     pub redactions: u64,
+    /// Files released from `/out`.
+    pub files_released: u64,
+    /// Files of `/out` not released.
+    pub files_rejected: u64,
     /// The program's wall time.
     pub duration_ms: u64,
     /// Sandbox construction before the program started.
@@ -122,6 +126,8 @@ impl AuditRecord {
             stdout_truncated: observation.stdout_truncated,
             stderr_truncated: observation.stderr_truncated,
             redactions: observation.redactions,
+            files_released: observation.files.len() as u64,
+            files_rejected: observation.rejected_files.len() as u64,
             duration_ms: observation.duration_ms,
             setup_ms: millis(context.setup),
             total_ms: millis(context.total),

@@ -110,6 +110,9 @@ pub struct JobRequest {
     pub network: NetworkRequest,
     /// Extra environment; names must be allowed by the policy.
     pub env: BTreeMap<String, String>,
+    /// Asks for a writable, size-capped `/out` whose files are released after the job
+    /// (also on when the policy enables it).
+    pub out: bool,
 }
 
 /// A checked input file.
@@ -234,7 +237,7 @@ impl JobRequest {
         }
         let source_len = self.source.len() as u64;
         if source_len > policy.limits.source.as_u64() {
-            return Err(Error::denied(
+            return Err(Error::invalid(
                 "source",
                 format!(
                     "{} is larger than the policy's limit of {}",
@@ -245,11 +248,11 @@ impl JobRequest {
         }
 
         let limits = resolve_limits(&self.limits, &policy.limits)?;
-        let files = resolve_files(self.files, &language.file)?;
+        let files = resolve_files(self.files, &language.file, policy.limits.input_files)?;
         let input_bytes: u64 = files.iter().map(|f| f.content.len() as u64).sum::<u64>()
             + self.stdin.as_ref().map_or(0, |s| s.len() as u64);
         if input_bytes > policy.limits.files.as_u64() {
-            return Err(Error::denied(
+            return Err(Error::invalid(
                 "files",
                 format!(
                     "input files and stdin total {}, more than the policy's limit of {}",
@@ -301,7 +304,11 @@ impl JobRequest {
             limits,
             network,
             network_allow,
-            filesystem: policy.filesystem.clone(),
+            filesystem: {
+                let mut fs = policy.filesystem.clone();
+                fs.out.enabled |= self.out;
+                fs
+            },
             policy_version: policy.version.clone(),
         })
     }
@@ -363,11 +370,18 @@ fn above(field: &str, asked: &str, ceiling: &str) -> Error {
     )
 }
 
-fn resolve_files(files: Vec<InputFile>, source_file: &str) -> Result<Vec<JobFile>, Error> {
-    if files.len() > bounds::INPUT_FILES_MAX_COUNT {
+fn resolve_files(
+    files: Vec<InputFile>,
+    source_file: &str,
+    max_count: u32,
+) -> Result<Vec<JobFile>, Error> {
+    if files.len() > max_count as usize {
         return Err(Error::invalid(
             "files",
-            format!("more than {} files", bounds::INPUT_FILES_MAX_COUNT),
+            format!(
+                "{} files, more than the policy's limit of {max_count}",
+                files.len()
+            ),
         ));
     }
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
@@ -562,10 +576,10 @@ mod tests {
     }
 
     #[test]
-    fn oversized_source_is_policy_denied() {
+    fn oversized_source_is_invalid_input() {
         let big = "#".repeat(50 * 1024 * 1024);
         let err = python(&big).resolve(&Policy::builtin()).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::PolicyDenied);
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
     }
 
     #[test]
@@ -687,7 +701,13 @@ mod tests {
     }
 
     #[test]
-    fn too_many_input_bytes_are_denied() {
+    fn too_many_input_files_or_bytes_are_invalid_input() {
+        let mut req = python("1");
+        req.files = (0..65).map(|i| file(&format!("f{i}"))).collect();
+        assert_eq!(
+            req.resolve(&Policy::builtin()).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
         let mut req = python("1");
         req.files = vec![InputFile {
             path: "big".into(),
@@ -696,7 +716,7 @@ mod tests {
         }];
         assert_eq!(
             req.resolve(&Policy::builtin()).unwrap_err().kind(),
-            ErrorKind::PolicyDenied
+            ErrorKind::InvalidInput
         );
     }
 

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod capture;
 pub mod error;
 pub mod job;
+pub mod media;
 pub mod observation;
 pub mod policy;
 pub mod units;
@@ -16,6 +17,8 @@ pub mod units;
 pub use backend::{Backend, BackendError, BackendKind, BoxFuture, Capabilities};
 pub use error::{Error, ErrorKind};
 pub use job::{InputFile, JobId, JobRequest, JobSpec, LimitsRequest, NetworkRequest};
-pub use observation::{LimitHit, Observation, Outcome, RunReport, Termination};
+pub use observation::{
+    JobResult, LimitHit, Observation, Outcome, RejectedFile, ReleasedFile, RunReport, Termination,
+};
 pub use policy::{Limits, Policy};
 pub use units::{ByteSize, Cpus};

@@ -51,15 +51,46 @@ pub struct ErrorInfo {
     pub message: String,
 }
 
-/// A file released from `/out`.
+/// A file released from `/out`, as listed in the observation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputFile {
     /// Path relative to `/out`.
     pub path: String,
-    /// Size.
+    /// Size of the released content.
     pub bytes: u64,
-    /// `sha256:` digest... as lowercase hex.
+    /// SHA-256 of the released content, lowercase hex.
     pub sha256: String,
+    /// Media type sniffed from the content.
+    pub media_type: String,
+    /// Secret-shaped strings replaced in it (text files only).
+    pub redactions: u64,
+}
+
+/// A file of `/out` that was not released, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedFile {
+    /// Path relative to `/out`.
+    pub path: String,
+    /// Why, e.g. `symlink`, `fifo`, `larger than the 8MiB per-file cap`.
+    pub reason: String,
+}
+
+/// A file released from `/out`, with its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleasedFile {
+    /// Path relative to `/out`.
+    pub path: String,
+    /// The content (redacted when it is text).
+    pub content: Vec<u8>,
+}
+
+/// The observation and the released files' contents, which never go into the JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    /// The observation.
+    pub observation: Observation,
+    /// The released files, in the order of `observation.files`.
+    pub files: Vec<ReleasedFile>,
 }
 
 /// The result of one job.
@@ -106,6 +137,9 @@ pub struct Observation {
     /// Set only when `outcome` is `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// Files of `/out` that were not released. Absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected_files: Vec<RejectedFile>,
     /// Controls that held only in a weaker form the policy accepted (e.g. `memory:
     /// RLIMIT_AS`). Absent when the full shape held.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -145,6 +179,7 @@ impl Observation {
                 kind,
                 message: message.into(),
             }),
+            rejected_files: Vec::new(),
             degraded: Vec::new(),
         }
     }
@@ -210,6 +245,10 @@ pub struct RunReport {
     pub image_digest: Option<String>,
     /// Controls that held only in a weaker form.
     pub degraded: Vec<String>,
+    /// Files of `/out` within the caps, unredacted, in path order.
+    pub out_files: Vec<ReleasedFile>,
+    /// Files of `/out` that were not released.
+    pub out_rejected: Vec<RejectedFile>,
 }
 
 impl RunReport {
@@ -226,15 +265,16 @@ impl RunReport {
         }
     }
 
-    /// Builds the observation. `redact` is applied to the kept text of each stream and
-    /// returns the text and the number of replacements.
-    pub fn into_observation(
+    /// Builds the observation and the released files. `redact` is applied to the kept text
+    /// of each stream and to each released text file, and returns the text and the number of
+    /// replacements.
+    pub fn into_result(
         self,
         job_id: JobId,
         backend: BackendKind,
         policy_version: &str,
         redact: &dyn Fn(String) -> (String, u64),
-    ) -> Observation {
+    ) -> JobResult {
         let outcome = self.outcome();
         let (exit_code, signal) = match self.termination {
             Termination::Exited(code) => (Some(code), None),
@@ -245,7 +285,33 @@ impl RunReport {
             redact(render_text(&self.stdout.kept, self.stdout.truncated));
         let (stderr, stderr_redactions) =
             redact(render_text(&self.stderr.kept, self.stderr.truncated));
-        Observation {
+        let mut listed = Vec::with_capacity(self.out_files.len());
+        let mut released = Vec::with_capacity(self.out_files.len());
+        for file in self.out_files {
+            let media_type = crate::media::sniff_media_type(&file.path, &file.content);
+            let (content, redactions) = if crate::media::is_text(&file.content) {
+                let text = String::from_utf8_lossy(&file.content).into_owned();
+                let (text, count) = redact(text);
+                (text.into_bytes(), count)
+            } else {
+                (file.content, 0)
+            };
+            listed.push(OutputFile {
+                path: file.path.clone(),
+                bytes: content.len() as u64,
+                sha256: crate::job::sha256_digest(&content)
+                    .trim_start_matches("sha256:")
+                    .to_owned(),
+                media_type: media_type.to_owned(),
+                redactions,
+            });
+            released.push(ReleasedFile {
+                path: file.path,
+                content,
+            });
+        }
+        let file_redactions: u64 = listed.iter().map(|f| f.redactions).sum();
+        let observation = Observation {
             job_id,
             ok: outcome == Outcome::Exited && exit_code == Some(0),
             outcome,
@@ -257,16 +323,21 @@ impl RunReport {
             stderr_bytes: self.stderr.total_bytes,
             stdout_truncated: self.stdout.truncated,
             stderr_truncated: self.stderr.truncated,
-            redactions: stdout_redactions + stderr_redactions,
+            redactions: stdout_redactions + stderr_redactions + file_redactions,
             duration_ms: duration_ms(self.duration),
             cpu_ms: self.cpu_time.map(duration_ms),
             peak_memory_bytes: self.peak_memory_bytes,
-            files: Vec::new(),
+            files: listed,
             backend,
             image_digest: self.image_digest,
             policy_version: policy_version.to_owned(),
             error: None,
+            rejected_files: self.out_rejected,
             degraded: self.degraded,
+        };
+        JobResult {
+            observation,
+            files: released,
         }
     }
 }
@@ -348,6 +419,8 @@ mod tests {
             peak_memory_bytes: Some(9_437_184),
             image_digest: None,
             degraded: Vec::new(),
+            out_files: Vec::new(),
+            out_rejected: Vec::new(),
         }
     }
 
@@ -357,12 +430,14 @@ mod tests {
 
     #[test]
     fn observation_json_has_exactly_the_design_fields() {
-        let obs = report(Termination::Exited(0)).into_observation(
-            JobId::generate(),
-            BackendKind::Native,
-            "default-1",
-            &no_redaction,
-        );
+        let obs = report(Termination::Exited(0))
+            .into_result(
+                JobId::generate(),
+                BackendKind::Native,
+                "default-1",
+                &no_redaction,
+            )
+            .observation;
         let value = serde_json::to_value(&obs).unwrap();
         let mut keys: Vec<&str> = value
             .as_object()
@@ -432,12 +507,9 @@ mod tests {
 
     #[test]
     fn ok_only_for_exit_zero() {
-        let obs = report(Termination::Exited(1)).into_observation(
-            JobId::generate(),
-            BackendKind::Native,
-            "v",
-            &no_redaction,
-        );
+        let obs = report(Termination::Exited(1))
+            .into_result(JobId::generate(), BackendKind::Native, "v", &no_redaction)
+            .observation;
         assert!(!obs.ok);
         assert_eq!(obs.cli_exit_code(), 1);
     }
@@ -447,7 +519,8 @@ mod tests {
         let mk = |t, hit| {
             let mut r = report(t);
             r.limit_hit = hit;
-            r.into_observation(JobId::generate(), BackendKind::Native, "v", &no_redaction)
+            r.into_result(JobId::generate(), BackendKind::Native, "v", &no_redaction)
+                .observation
         };
         assert_eq!(
             mk(Termination::Signaled(9), Some(LimitHit::Timeout)).cli_exit_code(),
@@ -459,6 +532,39 @@ mod tests {
             mk(Termination::Signaled(9), None).signal.as_deref(),
             Some("SIGKILL")
         );
+    }
+
+    #[test]
+    fn released_text_files_are_redacted_and_hashed_after_redaction() {
+        let mut r = report(Termination::Exited(0));
+        r.out_files = vec![
+            ReleasedFile {
+                path: "notes.txt".into(),
+                content: b"key=SECRET\n".to_vec(),
+            },
+            ReleasedFile {
+                path: "plot.png".into(),
+                content: b"\x89PNG\r\n\x1a\nSECRET".to_vec(),
+            },
+        ];
+        let redact = |text: String| {
+            let count = text.matches("SECRET").count() as u64;
+            (text.replace("SECRET", "[REDACTED:test]"), count)
+        };
+        let result = r.into_result(JobId::generate(), BackendKind::Native, "v", &redact);
+        let files = &result.observation.files;
+        assert_eq!(files[0].media_type, "text/plain");
+        assert_eq!(files[0].redactions, 1);
+        assert_eq!(result.files[0].content, b"key=[REDACTED:test]\n");
+        assert_eq!(files[0].bytes, result.files[0].content.len() as u64);
+        assert_eq!(
+            files[0].sha256,
+            crate::job::sha256_digest(&result.files[0].content).trim_start_matches("sha256:")
+        );
+        // Binary files are released byte for byte.
+        assert_eq!(files[1].media_type, "image/png");
+        assert_eq!(files[1].redactions, 0);
+        assert_eq!(result.observation.redactions, 1);
     }
 
     #[test]

@@ -51,8 +51,12 @@ pub mod bounds {
     pub const OPEN_FILES_MIN: u32 = 16;
     /// Most open files a job can be allowed.
     pub const OPEN_FILES_MAX: u32 = 1 << 20;
-    /// Most input files in one job.
-    pub const INPUT_FILES_MAX_COUNT: usize = 256;
+    /// Most input files a policy may allow in one job.
+    pub const INPUT_FILES_MAX_COUNT: usize = 4096;
+    /// Most files a policy may let a job release from `/out`.
+    pub const OUT_FILES_MAX_COUNT: u32 = 4096;
+    /// Largest `/out` a policy may allow.
+    pub const OUT_MAX_BYTES: u64 = 4 << 30;
     /// Deepest input file path (segments).
     pub const INPUT_PATH_MAX_DEPTH: usize = 8;
     /// Longest segment of an input file path, in bytes.
@@ -172,6 +176,28 @@ impl Policy {
                 ),
             ));
         }
+        let out = &self.filesystem.out;
+        if out.max_bytes.as_u64() == 0 || out.max_bytes.as_u64() > bounds::OUT_MAX_BYTES {
+            return Err(bad(
+                "filesystem.out.max_bytes",
+                format!(
+                    "must be between 1B and {}",
+                    ByteSize::bytes(bounds::OUT_MAX_BYTES)
+                ),
+            ));
+        }
+        if out.max_files == 0 || out.max_files > bounds::OUT_FILES_MAX_COUNT {
+            return Err(bad(
+                "filesystem.out.max_files",
+                format!("must be between 1 and {}", bounds::OUT_FILES_MAX_COUNT),
+            ));
+        }
+        if out.max_file_bytes.as_u64() == 0 {
+            return Err(bad(
+                "filesystem.out.max_file_bytes",
+                "must not be 0".to_owned(),
+            ));
+        }
         if self.languages.is_empty() {
             return Err(bad("languages", "no language is defined".to_owned()));
         }
@@ -263,6 +289,8 @@ pub struct Limits {
     pub source: ByteSize,
     /// Largest total of input files and stdin.
     pub files: ByteSize,
+    /// Most input files.
+    pub input_files: u32,
     /// Open file descriptors per process (RLIMIT_NOFILE).
     pub open_files: u32,
     /// Largest file a process may write (RLIMIT_FSIZE).
@@ -282,6 +310,7 @@ impl Default for Limits {
             flood: ByteSize::mib(64),
             source: ByteSize::mib(1),
             files: ByteSize::mib(16),
+            input_files: 64,
             open_files: 256,
             file_size: ByteSize::mib(64),
         }
@@ -302,6 +331,8 @@ impl Limits {
         in_range(self.flood.as_u64(), 1, u64::MAX).map_err(|r| ("flood", r))?;
         in_range(self.source.as_u64(), 1, SOURCE_MAX_BYTES).map_err(|r| ("source", r))?;
         in_range(self.files.as_u64(), 0, FILES_MAX_BYTES).map_err(|r| ("files", r))?;
+        in_range(u64::from(self.input_files), 0, INPUT_FILES_MAX_COUNT as u64)
+            .map_err(|r| ("input_files", r))?;
         in_range(
             u64::from(self.open_files),
             u64::from(OPEN_FILES_MIN),
@@ -476,10 +507,12 @@ pub enum WorkdirMode {
 pub struct OutPolicy {
     /// Whether jobs get a writable `/out`.
     pub enabled: bool,
-    /// Size cap of `/out`.
+    /// Size cap of `/out` (the tmpfs's size: the filesystem itself enforces it).
     pub max_bytes: ByteSize,
     /// Most files released from `/out`.
     pub max_files: u32,
+    /// Largest single file released.
+    pub max_file_bytes: ByteSize,
 }
 
 impl Default for OutPolicy {
@@ -488,6 +521,7 @@ impl Default for OutPolicy {
             enabled: false,
             max_bytes: ByteSize::mib(8),
             max_files: 64,
+            max_file_bytes: ByteSize::mib(8),
         }
     }
 }

@@ -12,7 +12,9 @@ use std::time::{Instant, SystemTime};
 
 use airlock_core::audit::{AuditContext, AuditRecord};
 use airlock_core::policy::{BUILTIN_ORIGIN, Policy};
-use airlock_core::{Backend, BackendError, BackendKind, ErrorKind, JobId, JobRequest, Observation};
+use airlock_core::{
+    Backend, BackendError, BackendKind, ErrorKind, JobId, JobRequest, JobResult, Observation,
+};
 
 pub use audit::AuditLog;
 pub use error::EngineError;
@@ -130,14 +132,14 @@ impl Engine {
         &self.policy
     }
 
-    /// Runs one job and returns its observation. Never fails: every failure is an
-    /// observation with `outcome: "error"`.
-    pub async fn run(&self, request: JobRequest) -> Observation {
+    /// Runs one job and returns its observation and released files. Never fails: every
+    /// failure is an observation with `outcome: "error"`.
+    pub async fn run(&self, request: JobRequest) -> JobResult {
         self.run_with(request, None).await
     }
 
     /// Like [`Engine::run`], recording `tenant` in the audit line.
-    pub async fn run_with(&self, request: JobRequest, tenant: Option<String>) -> Observation {
+    pub async fn run_with(&self, request: JobRequest, tenant: Option<String>) -> JobResult {
         self.run_until(request, tenant, std::future::pending())
             .await
     }
@@ -150,7 +152,7 @@ impl Engine {
         request: JobRequest,
         tenant: Option<String>,
         interrupt: impl std::future::Future<Output = String>,
-    ) -> Observation {
+    ) -> JobResult {
         let received_at = SystemTime::now();
         let started = Instant::now();
         let mut context = AuditContext {
@@ -162,16 +164,20 @@ impl Engine {
             ..Default::default()
         };
         let version = self.policy.version.clone();
-        let observation = match request.resolve(&self.policy) {
+        let error_result = |observation: Observation| JobResult {
+            observation,
+            files: Vec::new(),
+        };
+        let result = match request.resolve(&self.policy) {
             Err(e) => {
                 tracing::info!(kind = %e.kind(), error = %e, "request refused");
-                Observation::error(
+                error_result(Observation::error(
                     JobId::generate(),
                     self.backend_kind,
                     &version,
                     e.kind(),
                     e.to_string(),
-                )
+                ))
             }
             Ok(spec) => {
                 context.source_sha256 = Some(spec.source_sha256.clone());
@@ -181,13 +187,13 @@ impl Engine {
                     tracing::info_span!("job", job_id = %spec.id, backend = %self.backend_kind);
                 let _entered = span.enter();
                 match &self.backend {
-                    Err(e) => Observation::error(
+                    Err(e) => error_result(Observation::error(
                         spec.id.clone(),
                         self.backend_kind,
                         &version,
                         e.kind,
                         e.message.clone(),
-                    ),
+                    )),
                     Ok(backend) => match tokio::select! {
                         result = backend.run(&spec) => result,
                         // Dropping the backend's future kills the sandbox and removes it.
@@ -198,7 +204,7 @@ impl Engine {
                     } {
                         Ok(report) => {
                             context.setup = report.setup;
-                            report.into_observation(
+                            report.into_result(
                                 spec.id.clone(),
                                 self.backend_kind,
                                 &version,
@@ -207,24 +213,27 @@ impl Engine {
                         }
                         Err(e) => {
                             tracing::warn!(kind = %e.kind, error = %e.message, "job failed to run");
-                            Observation::error(
+                            error_result(Observation::error(
                                 spec.id.clone(),
                                 self.backend_kind,
                                 &version,
                                 e.kind,
                                 e.message,
-                            )
+                            ))
                         }
                     },
                 }
             }
         };
         context.total = started.elapsed();
-        if let Err(e) = self.audit.append(&AuditRecord::new(context, &observation)) {
+        if let Err(e) = self
+            .audit
+            .append(&AuditRecord::new(context, &result.observation))
+        {
             // The job ran; losing its result would not make the log whole again.
             tracing::error!(error = %e, source = ?std::error::Error::source(&e), "audit line not written");
         }
-        observation
+        result
     }
 }
 
@@ -286,7 +295,8 @@ mod tests {
                 source: b"SECRET-SOURCE".to_vec(),
                 ..Default::default()
             })
-            .await;
+            .await
+            .observation;
         assert_eq!(obs.error.as_ref().unwrap().kind, ErrorKind::InvalidInput);
         let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
         assert_eq!(log.lines().count(), 1);
@@ -306,7 +316,8 @@ mod tests {
                 source: b"print(1)".to_vec(),
                 ..Default::default()
             })
-            .await;
+            .await
+            .observation;
         assert_eq!(obs.outcome, airlock_core::Outcome::Error);
         assert_eq!(
             obs.error.as_ref().unwrap().kind,

@@ -21,9 +21,10 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::error::NativeError;
 use crate::jobdir::{JobDir, RuntimeDir};
-use crate::mount_plan::{self, JobMounts, ROOT_TMPFS_BYTES, RootfsLayout};
+use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
+use crate::out::{self, OutCaps};
 use crate::plan::{
-    INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, RlimitResource, RlimitSetting,
+    INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, OUT_FD, PLAN_FD, RlimitResource, RlimitSetting,
     STATUS_FD, SandboxPlan,
 };
 
@@ -45,6 +46,8 @@ pub const STATUS_LINE_MAX_BYTES: u64 = 4096;
 /// `kernel.core_pattern` is a pipe (systemd-coredump, apport), except that 1 means "no
 /// dump"; and a file dump needs at least a page. So 1 is the value that disables both.
 pub const CORE_RLIMIT_BYTES: u64 = 1;
+/// Inodes of `/out` beyond `max_files`, for the directories a job makes.
+pub const OUT_SPARE_INODES: u64 = 64;
 /// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
 pub const CPU_RLIMIT_SLACK_SECS: u64 = 2;
 
@@ -182,12 +185,6 @@ impl NativeBackend {
                 reason: "the egress proxy is not built yet; use network mode none".into(),
             });
         }
-        if job.filesystem.out.enabled {
-            return Err(NativeError::FeatureUnavailable {
-                feature: "/out",
-                reason: "output file release is not built yet; disable [filesystem] out".into(),
-            });
-        }
         if let RootfsSpec::Image { .. } = job.filesystem.rootfs {
             return Err(NativeError::FeatureUnavailable {
                 feature: "image rootfs",
@@ -239,6 +236,11 @@ impl NativeBackend {
                 workdir: jobdir.work(),
                 workdir_mode: job.filesystem.workdir,
                 tmp_bytes: job.limits.tmp.as_u64(),
+                out: job.filesystem.out.enabled.then(|| OutMount {
+                    size_bytes: job.filesystem.out.max_bytes.as_u64(),
+                    // Every released file needs an inode; directories need some too.
+                    inodes: u64::from(job.filesystem.out.max_files) + OUT_SPARE_INODES,
+                }),
             },
         );
         let cpu_secs = (job.limits.timeout.as_secs_f64() * f64::from(job.limits.cpus.millis())
@@ -291,6 +293,7 @@ impl NativeBackend {
             argv: job.argv.clone(),
             env: job.env.clone(),
             seccomp: self.seccomp.clone(),
+            send_out_dir: job.filesystem.out.enabled,
         })
     }
 
@@ -319,7 +322,20 @@ impl NativeBackend {
             Ok(Err(e)) => return Err(e),
             Err(join) => return Err(NativeError::Helper(format!("teardown task: {join}"))),
         };
-        let supervised = supervised?;
+        let mut supervised = supervised?;
+        let released = match supervised.out_dir.take() {
+            Some(dir) => {
+                let caps = OutCaps {
+                    max_files: job.filesystem.out.max_files,
+                    max_bytes: job.filesystem.out.max_bytes.as_u64(),
+                    max_file_bytes: job.filesystem.out.max_file_bytes.as_u64(),
+                };
+                tokio::task::spawn_blocking(move || out::release(&dir, caps))
+                    .await
+                    .map_err(|e| NativeError::Helper(format!("release task: {e}")))?
+            }
+            None => out::Released::default(),
+        };
         let (cpu_time, peak_memory_bytes, oom_kills) = match stats {
             Some(stats) => (stats.cpu_time, stats.peak_memory_bytes, stats.oom_kills),
             // Without a cgroup, the init's view of the processes it reaped.
@@ -341,6 +357,8 @@ impl NativeBackend {
             peak_memory_bytes,
             image_digest: None,
             degraded: self.degraded.clone(),
+            out_files: released.files,
+            out_rejected: released.rejected,
         })
     }
 
@@ -352,6 +370,19 @@ impl NativeBackend {
         let spawned_at = Instant::now();
         let (plan_read, plan_write) = cloexec_pipe()?;
         let (status_read, status_write) = cloexec_pipe()?;
+        let out_socket = if plan.send_out_dir {
+            Some(
+                rustix::net::socketpair(
+                    rustix::net::AddressFamily::UNIX,
+                    rustix::net::SocketType::STREAM,
+                    rustix::net::SocketFlags::CLOEXEC,
+                    None,
+                )
+                .map_err(|e| NativeError::Helper(format!("create /out socket: {e}")))?,
+            )
+        } else {
+            None
+        };
         let mut cmd = std::process::Command::new(&self.config.helper);
         cmd.arg(INIT_ARG)
             .env_clear()
@@ -363,11 +394,12 @@ impl NativeBackend {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let passed = airlock_sys::process::pass_fds(
-            &mut cmd,
-            &[(&plan_read, PLAN_FD), (&status_write, STATUS_FD)],
-        )
-        .map_err(|e| NativeError::Helper(format!("pass descriptors: {e}")))?;
+        let mut fds = vec![(&plan_read, PLAN_FD), (&status_write, STATUS_FD)];
+        if let Some((_, child_end)) = &out_socket {
+            fds.push((child_end, OUT_FD));
+        }
+        let passed = airlock_sys::process::pass_fds(&mut cmd, &fds)
+            .map_err(|e| NativeError::Helper(format!("pass descriptors: {e}")))?;
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.kill_on_drop(true);
         let mut child = cmd.spawn().map_err(|source| NativeError::SpawnHelper {
@@ -377,6 +409,7 @@ impl NativeBackend {
         drop(passed);
         drop(plan_read);
         drop(status_write);
+        let out_socket = out_socket.map(|(ours, _theirs)| ours);
 
         let plan_json = serde_json::to_vec(plan)
             .map_err(|e| NativeError::Helper(format!("encode plan: {e}")))?;
@@ -517,7 +550,9 @@ impl NativeBackend {
         }
         let stdout = drain(stdout_task).await;
         let stderr = drain(stderr_task).await;
+        let out_dir = out_socket.as_ref().and_then(out::receive_out_dir);
         Ok(Supervised {
+            out_dir,
             termination,
             usage,
             limit_hit,
@@ -530,6 +565,7 @@ impl NativeBackend {
 }
 
 struct Supervised {
+    out_dir: Option<std::os::fd::OwnedFd>,
     termination: Termination,
     usage: Option<crate::plan::Usage>,
     limit_hit: Option<LimitHit>,
@@ -719,7 +755,7 @@ impl Backend for NativeBackend {
         Capabilities {
             backend: BackendKind::Native,
             network_proxy: false,
-            out_dir: false,
+            out_dir: true,
             image_rootfs: false,
         }
     }

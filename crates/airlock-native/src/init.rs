@@ -27,8 +27,8 @@ use airlock_sys::process::{self, Fork, UnshareFlags};
 use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions};
 
 use crate::plan::{
-    IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep, PLAN_FD, RlimitResource,
-    STATUS_FD, SandboxPlan, Usage,
+    IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep, OUT_FD, PLAN_FD,
+    RlimitResource, STATUS_FD, SandboxPlan, Usage,
 };
 
 /// Largest plan accepted (the seccomp programs and environment dominate).
@@ -136,6 +136,11 @@ fn read_plan() -> Result<SandboxPlan, StepFailure> {
 /// The helper: cgroup, namespaces, id maps, then the init.
 fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     let plan = read_plan()?;
+    let out_socket = if plan.send_out_dir {
+        Some(process::claim_inherited_fd(OUT_FD).step(|| "claim /out socket".into())?)
+    } else {
+        None
+    };
 
     // 0. Die with the supervisor: if it is killed, the sandbox must not outlive it. If it
     //    died before the signal was armed, we have already been reparented.
@@ -212,11 +217,12 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     let init = match process::fork().step(|| "fork init".into())? {
         Fork::Child => {
             drop(alive_write);
-            run_init(plan, status, alive_read)
+            run_init(plan, status, alive_read, out_socket)
         }
         Fork::Parent(pid) => pid,
     };
     drop(alive_read);
+    drop(out_socket);
     // The job's stdio belongs to the job: stop holding it, so the supervisor sees EOF as
     // soon as the job's processes are gone.
     detach_stdio().step(|| "detach stdio".into())?;
@@ -261,8 +267,8 @@ fn run_mapper(go: &OwnedFd, helper: Pid, ids: &IdMapping) -> Result<(), StepFail
 }
 
 /// Pid 1 of the sandbox.
-fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd) -> ! {
-    match init_and_spawn(&plan, status, alive) {
+fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd, out_socket: Option<OwnedFd>) -> ! {
+    match init_and_spawn(&plan, status, alive, out_socket) {
         Ok(job) => reap_until_job_exits(status, job),
         Err(failure) => {
             if !failure.reported {
@@ -277,6 +283,7 @@ fn init_and_spawn(
     plan: &SandboxPlan,
     status: &OwnedFd,
     alive: OwnedFd,
+    out_socket: Option<OwnedFd>,
 ) -> Result<Pid, StepFailure> {
     // Die with the helper. If it died before this line, the pipe has hung up.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
@@ -298,6 +305,9 @@ fn init_and_spawn(
     drop(alive);
 
     build_root(plan)?;
+    if let Some(socket) = out_socket {
+        send_out_dir(&socket)?;
+    }
     rustix::system::sethostname(plan.hostname.as_bytes()).step(|| "sethostname".into())?;
     if plan.loopback_up {
         airlock_sys::net::bring_up_loopback().step(|| "bring up lo".into())?;
@@ -348,6 +358,33 @@ fn reap_until_job_exits(status: &OwnedFd, job: Pid) -> ! {
             Err(_) => process::exit_now(1),
         }
     }
+}
+
+/// Sends an open descriptor of `/out` to the supervisor. It keeps the tmpfs alive after
+/// the sandbox's mount namespace is gone, so the files can be released from it.
+fn send_out_dir(socket: &OwnedFd) -> Result<(), StepFailure> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::mem::MaybeUninit;
+    let dir = rustix::fs::open(
+        "/out",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .step(|| "open /out".into())?;
+    let fds = [std::os::fd::AsFd::as_fd(&dir)];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(bad_input("send /out", "ancillary buffer too small"));
+    }
+    rustix::net::sendmsg(
+        socket,
+        &[io::IoSlice::new(b"o")],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .step(|| "send /out".into())?;
+    Ok(())
 }
 
 fn cpath(path: &Path) -> Result<CString, StepFailure> {
@@ -473,11 +510,19 @@ fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
             size_bytes,
             mode,
             options,
+            inodes,
+            owner,
         } => {
             let path = root.join(target);
             mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
-            let data = CString::new(format!("size={size_bytes},mode={mode:o}"))
-                .map_err(|_| StepFailure::already_reported())?;
+            let mut data = format!("size={size_bytes},mode={mode:o}");
+            if let Some(n) = inodes {
+                data.push_str(&format!(",nr_inodes={n}"));
+            }
+            if let Some(id) = owner {
+                data.push_str(&format!(",uid={id},gid={id}"));
+            }
+            let data = CString::new(data).map_err(|_| StepFailure::already_reported())?;
             sysmount::mount(
                 Some(c"tmpfs"),
                 &cpath(&path)?,

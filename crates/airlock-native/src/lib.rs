@@ -11,6 +11,7 @@ pub mod error;
 pub mod init;
 pub mod jobdir;
 pub mod mount_plan;
+pub mod out;
 pub mod plan;
 
 pub use backend::{NativeBackend, NativeConfig};

@@ -189,6 +189,17 @@ pub struct JobMounts {
     pub workdir_mode: WorkdirMode,
     /// Size of `/tmp` (and of `/dev/shm`).
     pub tmp_bytes: u64,
+    /// `/out`, when the job has one.
+    pub out: Option<OutMount>,
+}
+
+/// The job's `/out`: a tmpfs whose size and inode count are the caps, owned by the job.
+#[derive(Debug, Clone, Copy)]
+pub struct OutMount {
+    /// Size cap.
+    pub size_bytes: u64,
+    /// Cap on files plus directories.
+    pub inodes: u64,
 }
 
 /// The synthesized `/etc/passwd`.
@@ -267,6 +278,8 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
         size_bytes: DEV_TMPFS_BYTES,
         mode: 0o755,
         options: MountOptions::RW_NOEXEC,
+        inodes: None,
+        owner: None,
     });
     for node in DEV_NODES {
         steps.push(MountStep::Bind {
@@ -297,6 +310,8 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
         size_bytes: job.tmp_bytes,
         mode: 0o1777,
         options: MountOptions::RW_NOEXEC,
+        inodes: None,
+        owner: None,
     });
     steps.push(MountStep::RemountReadonly {
         target: "dev".to_owned(),
@@ -323,7 +338,19 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
         size_bytes: job.tmp_bytes,
         mode: 0o1777,
         options: MountOptions::RW_NOEXEC,
+        inodes: None,
+        owner: None,
     });
+    if let Some(out) = job.out {
+        steps.push(MountStep::Tmpfs {
+            target: "out".to_owned(),
+            size_bytes: out.size_bytes,
+            mode: 0o700,
+            options: MountOptions::RW_NOEXEC,
+            inodes: Some(out.inodes),
+            owner: Some(crate::plan::JOB_ID_IN_SANDBOX),
+        });
+    }
     steps.push(MountStep::Bind {
         source: job.workdir.clone(),
         target: "work".to_owned(),
@@ -366,8 +393,16 @@ pub fn render_plan(steps: &[MountStep]) -> String {
                 size_bytes,
                 mode,
                 options,
+                inodes,
+                owner,
             } => format!(
-                "tmpfs   /{target} size={size_bytes} mode={mode:o} {}",
+                "tmpfs   /{target} size={size_bytes} mode={mode:o}{}{} {}",
+                inodes
+                    .map(|n| format!(" nr_inodes={n}"))
+                    .unwrap_or_default(),
+                owner
+                    .map(|o| format!(" uid={o} gid={o}"))
+                    .unwrap_or_default(),
                 opts(options)
             ),
             MountStep::Bind {
@@ -422,6 +457,7 @@ mod tests {
             workdir: PathBuf::from("/run/airlock/JOB/work"),
             workdir_mode: WorkdirMode::Ro,
             tmp_bytes: 16 * 1024 * 1024,
+            out: None,
         }
     }
 
@@ -493,7 +529,27 @@ mod tests {
             size_bytes: 16 * 1024 * 1024,
             mode: 0o1777,
             options: MountOptions::RW_NOEXEC,
+            inodes: None,
+            owner: None,
         }));
+    }
+
+    #[test]
+    fn out_is_a_capped_tmpfs_owned_by_the_job() {
+        let mut j = job();
+        j.out = Some(OutMount {
+            size_bytes: 8 << 20,
+            inodes: 128,
+        });
+        let plan = build_mount_plan(&merged_usr_host(), &j);
+        let out = plan
+            .iter()
+            .find(|s| matches!(s, MountStep::Tmpfs { target, .. } if target == "out"))
+            .expect("an /out mount");
+        assert_eq!(
+            render_plan(std::slice::from_ref(out)),
+            "tmpfs   /out size=8388608 mode=700 nr_inodes=128 uid=65534 gid=65534 rw,nosuid,nodev,noexec\n"
+        );
     }
 
     #[test]

@@ -17,6 +17,11 @@ pub const PLAN_FD: i32 = 3;
 /// The descriptor number on which the init reports [`InitEvent`]s.
 pub const STATUS_FD: i32 = 4;
 
+/// The descriptor number of a unix socket on which the init sends an open descriptor of
+/// `/out` (only when the job has `/out`). The descriptor keeps the tmpfs alive after the
+/// sandbox is gone, so the supervisor can release its files.
+pub const OUT_FD: i32 = 5;
+
 /// The uid and gid the job runs as, inside the sandbox.
 pub const JOB_ID_IN_SANDBOX: u32 = 65_534;
 
@@ -174,6 +179,12 @@ pub enum MountStep {
         mode: u32,
         /// Options.
         options: MountOptions,
+        /// Cap on files and directories, when the count matters (`/out`).
+        #[serde(default)]
+        inodes: Option<u64>,
+        /// In-sandbox uid and gid owning its root, when not the sandbox's root.
+        #[serde(default)]
+        owner: Option<u32>,
     },
     /// Bind a host path (a directory or a file) into the new root.
     Bind {
@@ -272,6 +283,8 @@ pub struct SandboxPlan {
     pub env: Vec<(String, String)>,
     /// The seccomp filters, installed last before exec.
     pub seccomp: CompiledSeccomp,
+    /// Whether to send an open descriptor of `/out` on [`OUT_FD`].
+    pub send_out_dir: bool,
 }
 
 /// What the init reports to the supervisor, one JSON line each, on [`STATUS_FD`].

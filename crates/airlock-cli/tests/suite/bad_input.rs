@@ -43,12 +43,40 @@ fn unknown_language_is_invalid_input() {
 }
 
 #[test]
-fn source_over_the_policy_limit_is_denied() {
+fn source_over_the_policy_limit_is_invalid_input() {
     let env = TestEnv::new();
     let big = env.path().join("big.py");
     std::fs::write(&big, vec![b'#'; 50 * 1024 * 1024]).unwrap();
     let run = refused(&env, &[big.to_str().unwrap()]);
-    assert_error(&run, "policy_denied");
+    assert_error(&run, "invalid_input");
+}
+
+#[test]
+fn too_many_input_files_or_bytes_are_invalid_input() {
+    let env = TestEnv::new();
+    let small = env.path().join("small");
+    std::fs::write(&small, "x").unwrap();
+    let mut args = vec!["-c".to_owned(), "pass".to_owned()];
+    for i in 0..65 {
+        args.push("--file".to_owned());
+        args.push(format!("f{i}={}", small.display()));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_error(&refused(&env, &args), "invalid_input");
+    let big = env.path().join("big");
+    std::fs::write(&big, vec![b'x'; 17 * 1024 * 1024]).unwrap();
+    let run = refused(&env, &["-c", "pass", "--file", &format!("big={}", big.display())]);
+    assert_error(&run, "invalid_input");
+}
+
+#[test]
+fn symlinked_input_files_are_never_followed() {
+    let env = TestEnv::new();
+    let link = env.path().join("link");
+    std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+    let run = refused(&env, &["-c", "pass", "--file", &format!("p={}", link.display())]);
+    assert_error(&run, "invalid_input");
+    assert!(run.obs["error"]["message"].as_str().unwrap().contains("symbolic link"));
 }
 
 #[test]
