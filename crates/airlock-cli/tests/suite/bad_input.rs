@@ -65,7 +65,10 @@ fn too_many_input_files_or_bytes_are_invalid_input() {
     assert_error(&refused(&env, &args), "invalid_input");
     let big = env.path().join("big");
     std::fs::write(&big, vec![b'x'; 17 * 1024 * 1024]).unwrap();
-    let run = refused(&env, &["-c", "pass", "--file", &format!("big={}", big.display())]);
+    let run = refused(
+        &env,
+        &["-c", "pass", "--file", &format!("big={}", big.display())],
+    );
     assert_error(&run, "invalid_input");
 }
 
@@ -74,9 +77,17 @@ fn symlinked_input_files_are_never_followed() {
     let env = TestEnv::new();
     let link = env.path().join("link");
     std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
-    let run = refused(&env, &["-c", "pass", "--file", &format!("p={}", link.display())]);
+    let run = refused(
+        &env,
+        &["-c", "pass", "--file", &format!("p={}", link.display())],
+    );
     assert_error(&run, "invalid_input");
-    assert!(run.obs["error"]["message"].as_str().unwrap().contains("symbolic link"));
+    assert!(
+        run.obs["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("symbolic link")
+    );
 }
 
 #[test]

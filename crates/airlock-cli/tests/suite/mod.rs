@@ -3,6 +3,7 @@ mod basics;
 mod cleanup;
 mod common;
 mod limits;
+mod out;
 mod policy_cmd;
 mod probe;
 mod rootfs_dir;
