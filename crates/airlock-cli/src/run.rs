@@ -265,7 +265,7 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
     };
     let backend = make_backend(backend_kind, &loaded);
     let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
-    engine.run_until(request, None, interrupted()).await
+    engine.run_until(request, None, interrupted(), None).await
 }
 
 /// Completes on SIGINT or SIGTERM, naming the signal: the job is then killed and its

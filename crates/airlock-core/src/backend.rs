@@ -99,6 +99,20 @@ impl BackendError {
     }
 }
 
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamKind {
+    /// The program's stdout.
+    Stdout,
+    /// The program's stderr.
+    Stderr,
+}
+
+/// Receives output as it is read, already capped: only bytes that will also be kept in the
+/// observation are passed on, so a flood never reaches a client either.
+pub type OutputTap = std::sync::Arc<dyn Fn(StreamKind, &[u8]) + Send + Sync>;
+
 /// Runs jobs in sandboxes. One trait for every backend; one conformance suite checks them.
 pub trait Backend: Send + Sync {
     /// Which backend this is.
@@ -107,6 +121,11 @@ pub trait Backend: Send + Sync {
     /// What it supports here.
     fn capabilities(&self) -> Capabilities;
 
-    /// Runs one job in a fresh sandbox and destroys the sandbox before returning.
-    fn run<'a>(&'a self, job: &'a JobSpec) -> BoxFuture<'a, Result<RunReport, BackendError>>;
+    /// Runs one job in a fresh sandbox and destroys the sandbox before returning. When
+    /// `tap` is given, kept output is also passed to it as it is read.
+    fn run<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<RunReport, BackendError>>;
 }

@@ -90,6 +90,48 @@ pub fn render_text(bytes: &[u8], truncated: bool) -> String {
     out
 }
 
+/// Renders a stream chunk by chunk with [`render_text`]'s escaping, holding back an
+/// incomplete UTF-8 sequence at the end of a chunk until the next one completes it.
+#[derive(Debug, Default)]
+pub struct StreamRenderer {
+    pending: Vec<u8>,
+}
+
+impl StreamRenderer {
+    /// Renders what can be rendered of `chunk` now.
+    pub fn push(&mut self, chunk: &[u8]) -> String {
+        self.pending.extend_from_slice(chunk);
+        let cut = incomplete_tail_start(&self.pending);
+        let rest = self.pending.split_off(cut);
+        let text = render_text(&self.pending, false);
+        self.pending = rest;
+        text
+    }
+
+    /// Renders whatever is held back (an unfinished sequence shows escaped).
+    pub fn finish(self) -> String {
+        render_text(&self.pending, false)
+    }
+}
+
+/// Where a trailing incomplete UTF-8 sequence starts (`bytes.len()` when there is none).
+fn incomplete_tail_start(bytes: &[u8]) -> usize {
+    let from = bytes.len().saturating_sub(3);
+    for start in (from..bytes.len()).rev() {
+        if (0xc2..=0xf4).contains(&bytes[start]) {
+            return if is_incomplete_tail(&bytes[start..]) {
+                start
+            } else {
+                bytes.len()
+            };
+        }
+        if !(0x80..=0xbf).contains(&bytes[start]) {
+            break;
+        }
+    }
+    bytes.len()
+}
+
 /// True when `bytes` is the start of a multi-byte UTF-8 sequence that was cut short.
 fn is_incomplete_tail(bytes: &[u8]) -> bool {
     if bytes.is_empty() {
@@ -164,7 +206,33 @@ mod tests {
         assert_eq!(render_text(&s[..4], false), "ab\\xe2\\x9c");
     }
 
+    #[test]
+    fn stream_renderer_joins_split_characters() {
+        let text = "a✓b\x1bc";
+        let bytes = text.as_bytes();
+        for split in 0..=bytes.len() {
+            let mut r = StreamRenderer::default();
+            let mut out = r.push(&bytes[..split]);
+            out.push_str(&r.push(&bytes[split..]));
+            out.push_str(&r.finish());
+            assert_eq!(out, "a✓b\\x1bc", "split at {split}");
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn stream_rendering_equals_whole_rendering(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..100),
+            split in 0usize..100,
+        ) {
+            let split = split.min(bytes.len());
+            let mut r = StreamRenderer::default();
+            let mut out = r.push(&bytes[..split]);
+            out.push_str(&r.push(&bytes[split..]));
+            out.push_str(&r.finish());
+            proptest::prop_assert_eq!(out, render_text(&bytes, false));
+        }
+
         #[test]
         fn rendered_text_has_no_control_characters(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
             let text = render_text(&bytes, false);

@@ -14,7 +14,9 @@ pub mod observation;
 pub mod policy;
 pub mod units;
 
-pub use backend::{Backend, BackendError, BackendKind, BoxFuture, Capabilities};
+pub use backend::{
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, StreamKind,
+};
 pub use error::{Error, ErrorKind};
 pub use job::{InputFile, JobId, JobRequest, JobSpec, LimitsRequest, NetworkRequest};
 pub use observation::{

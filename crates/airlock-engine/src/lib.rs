@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use airlock_core::audit::{AuditContext, AuditRecord};
+use airlock_core::capture::StreamRenderer;
 use airlock_core::policy::{BUILTIN_ORIGIN, Policy};
 use airlock_core::{
     Backend, BackendError, BackendKind, ErrorKind, JobId, JobRequest, JobResult, Observation,
+    OutputTap, StreamKind,
 };
 
 pub use audit::AuditLog;
@@ -140,7 +142,7 @@ impl Engine {
 
     /// Like [`Engine::run`], recording `tenant` in the audit line.
     pub async fn run_with(&self, request: JobRequest, tenant: Option<String>) -> JobResult {
-        self.run_until(request, tenant, std::future::pending())
+        self.run_until(request, tenant, std::future::pending(), None)
             .await
     }
 
@@ -152,6 +154,7 @@ impl Engine {
         request: JobRequest,
         tenant: Option<String>,
         interrupt: impl std::future::Future<Output = String>,
+        sink: Option<OutputSink>,
     ) -> JobResult {
         let received_at = SystemTime::now();
         let started = Instant::now();
@@ -195,7 +198,7 @@ impl Engine {
                         e.message.clone(),
                     )),
                     Ok(backend) => match tokio::select! {
-                        result = backend.run(&spec) => result,
+                        result = backend.run(&spec, sink.clone().map(streaming_tap)) => result,
                         // Dropping the backend's future kills the sandbox and removes it.
                         reason = interrupt => Err(BackendError::new(
                             ErrorKind::Internal,
@@ -237,6 +240,40 @@ impl Engine {
     }
 }
 
+/// A piece of a job's output while it runs: escaped like the observation's text, and only
+/// from the part the observation keeps.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OutputEvent {
+    /// `stdout` or `stderr`.
+    pub stream: StreamKind,
+    /// The text.
+    pub text: String,
+}
+
+/// Receives [`OutputEvent`]s as a job runs.
+pub type OutputSink = Arc<dyn Fn(OutputEvent) + Send + Sync>;
+
+/// Adapts a sink to the backend's raw-bytes tap: each stream is rendered incrementally,
+/// holding back a UTF-8 sequence split between reads.
+fn streaming_tap(sink: OutputSink) -> OutputTap {
+    let renderers = std::sync::Mutex::new([StreamRenderer::default(), StreamRenderer::default()]);
+    Arc::new(move |stream: StreamKind, bytes: &[u8]| {
+        let text = {
+            let mut renderers = renderers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let index = match stream {
+                StreamKind::Stdout => 0,
+                StreamKind::Stderr => 1,
+            };
+            renderers[index].push(bytes)
+        };
+        if !text.is_empty() {
+            sink(OutputEvent { stream, text });
+        }
+    })
+}
+
 /// The error observation for a job that never reached the engine (for example, the
 /// policy file itself is unreadable).
 pub fn early_error(
@@ -271,7 +308,11 @@ mod tests {
                 image_rootfs: false,
             }
         }
-        fn run<'a>(&'a self, _job: &'a JobSpec) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        fn run<'a>(
+            &'a self,
+            _job: &'a JobSpec,
+            _tap: Option<OutputTap>,
+        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
             Box::pin(async { Err(BackendError::new(ErrorKind::BackendUnavailable, "down")) })
         }
     }
@@ -330,6 +371,36 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .starts_with("sha256:")
+        );
+    }
+
+    #[test]
+    fn streaming_renders_chunks_and_joins_split_characters() {
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let collected = events.clone();
+        let sink: OutputSink = Arc::new(move |e: OutputEvent| collected.lock().unwrap().push(e));
+        let tap = streaming_tap(sink);
+        let bytes = "ok ✓\x1b".as_bytes();
+        tap(StreamKind::Stdout, &bytes[..4]);
+        tap(StreamKind::Stderr, b"err");
+        tap(StreamKind::Stdout, &bytes[4..]);
+        let events = events.lock().unwrap().clone();
+        assert_eq!(
+            events,
+            vec![
+                OutputEvent {
+                    stream: StreamKind::Stdout,
+                    text: "ok ".into()
+                },
+                OutputEvent {
+                    stream: StreamKind::Stderr,
+                    text: "err".into()
+                },
+                OutputEvent {
+                    stream: StreamKind::Stdout,
+                    text: "✓\\x1b".into()
+                },
+            ]
         );
     }
 

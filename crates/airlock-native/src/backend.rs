@@ -12,8 +12,8 @@ use airlock_cgroup::{CgroupManager, Hierarchy, JobCgroup, JobLimits, JobStats, P
 use airlock_core::capture::{BoundedCapture, CapturedOutput};
 use airlock_core::policy::{CgroupParent, DegradedControl, NetworkMode, Policy, RootfsSpec};
 use airlock_core::{
-    Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, RunReport,
-    Termination,
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
+    RunReport, StreamKind, Termination,
 };
 use airlock_sys::seccomp::CompiledSeccomp;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -299,6 +299,15 @@ impl NativeBackend {
 
     /// Runs one job in a fresh sandbox and removes the sandbox.
     pub async fn run_job(&self, job: &JobSpec) -> Result<RunReport, NativeError> {
+        self.run_job_with(job, None).await
+    }
+
+    /// Like [`NativeBackend::run_job`], passing kept output to `tap` as it is read.
+    pub async fn run_job_with(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<RunReport, NativeError> {
         self.check_supported(job)?;
         tracing::debug!(job_id = %job.id, "creating sandbox");
         let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
@@ -312,7 +321,7 @@ impl NativeBackend {
             None => None,
         };
         let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
-        let supervised = self.supervise(job, &plan).await;
+        let supervised = self.supervise(job, &plan, tap).await;
 
         // Teardown, whatever happened: kill what is left, read the accounting, remove the
         // cgroup and the job directory. Blocking work, off the async threads.
@@ -366,6 +375,7 @@ impl NativeBackend {
         &self,
         job: &JobSpec,
         plan: &SandboxPlan,
+        tap: Option<OutputTap>,
     ) -> Result<Supervised, NativeError> {
         let spawned_at = Instant::now();
         let (plan_read, plan_write) = cloexec_pipe()?;
@@ -439,11 +449,13 @@ impl NativeBackend {
             stdout,
             usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX),
             flood.clone(),
+            tap.clone().map(|t| (t, StreamKind::Stdout)),
         ));
         let stderr_task = tokio::spawn(capture_stream(
             stderr,
             usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX),
             flood.clone(),
+            tap.map(|t| (t, StreamKind::Stderr)),
         ));
         let status_receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(status_read)
             .map_err(|e| NativeError::Helper(format!("status pipe: {e}")))?;
@@ -695,6 +707,7 @@ async fn capture_stream<R: AsyncRead + Unpin>(
     mut stream: R,
     keep: usize,
     flood: Arc<Flood>,
+    tap: Option<(OutputTap, StreamKind)>,
 ) -> CapturedOutput {
     let mut capture = BoundedCapture::new(keep);
     let mut buffer = vec![0u8; READ_CHUNK_BYTES];
@@ -702,6 +715,14 @@ async fn capture_stream<R: AsyncRead + Unpin>(
         match stream.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if let Some((tap, kind)) = &tap {
+                    // Only what the observation keeps is streamed.
+                    let room =
+                        keep.saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
+                    if room > 0 {
+                        tap(*kind, &buffer[..n.min(room)]);
+                    }
+                }
                 capture.push(&buffer[..n]);
                 flood.add(n);
             }
@@ -760,8 +781,16 @@ impl Backend for NativeBackend {
         }
     }
 
-    fn run<'a>(&'a self, job: &'a JobSpec) -> BoxFuture<'a, Result<RunReport, BackendError>> {
-        Box::pin(async move { self.run_job(job).await.map_err(BackendError::from) })
+    fn run<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        Box::pin(async move {
+            self.run_job_with(job, tap)
+                .await
+                .map_err(BackendError::from)
+        })
     }
 }
 
