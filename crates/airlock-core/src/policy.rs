@@ -216,6 +216,40 @@ impl Policy {
         for entry in &self.network.allow {
             HostPattern::from_str(entry).map_err(|reason| bad("network.allow", reason))?;
         }
+        for range in &self.network.allow_ranges {
+            parse_cidr(range).map_err(|reason| bad("network.allow_ranges", reason))?;
+        }
+        for (i, secret) in self.network.secrets.iter().enumerate() {
+            let field = format!("network.secrets[{i}]");
+            if !is_env_name(&secret.env) || !is_env_name(&secret.value_env) {
+                return Err(bad(
+                    &field,
+                    "env and value_env must be variable names".to_owned(),
+                ));
+            }
+            if secret.placeholder.len() < 8 || secret.placeholder.contains('\0') {
+                return Err(bad(
+                    &field,
+                    "placeholder must be at least 8 characters (it is searched for in requests)"
+                        .to_owned(),
+                ));
+            }
+            if secret.hosts.is_empty() {
+                return Err(bad(
+                    &field,
+                    "hosts must name where the secret may go".to_owned(),
+                ));
+            }
+            for host in &secret.hosts {
+                HostPattern::from_str(host).map_err(|reason| bad(&field, reason))?;
+            }
+        }
+        if self.network.limits.connections == 0 {
+            return Err(bad(
+                "network.limits.connections",
+                "must be at least 1".to_owned(),
+            ));
+        }
         if self.audit.path.as_os_str().is_empty() {
             return Err(bad("audit.path", "must not be empty".to_owned()));
         }
@@ -534,6 +568,55 @@ pub struct NetworkPolicy {
     pub mode: NetworkMode,
     /// `host[:port]` entries the proxy may reach (`*.` wildcards allowed).
     pub allow: Vec<String>,
+    /// Address ranges (CIDR, e.g. `127.0.0.1/32`) the proxy may connect to although they
+    /// are in a blocked range (loopback, private, link-local, ...). Empty by default.
+    pub allow_ranges: Vec<String>,
+    /// Secrets the job sees only as placeholders; the proxy substitutes the real value in
+    /// requests to the secret's hosts.
+    pub secrets: Vec<SecretSpec>,
+    /// Bounds on the proxy's work for one job.
+    pub limits: ProxyLimits,
+}
+
+/// A secret kept on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretSpec {
+    /// The environment variable the job sees, holding the placeholder.
+    pub env: String,
+    /// The placeholder text the job sees and sends.
+    pub placeholder: String,
+    /// Where the real value comes from: the executor's environment variable of this name.
+    pub value_env: String,
+    /// `host[:port]` patterns the real value may be sent to.
+    pub hosts: Vec<String>,
+}
+
+/// Bounds on the egress proxy, per job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyLimits {
+    /// Connections over the job's life.
+    pub connections: u32,
+    /// Bytes through the proxy in both directions.
+    pub bytes: ByteSize,
+    /// Time to connect to an upstream.
+    #[serde(with = "duration_serde")]
+    pub connect_timeout: Duration,
+    /// A connection with no traffic this long is closed.
+    #[serde(with = "duration_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for ProxyLimits {
+    fn default() -> Self {
+        Self {
+            connections: 64,
+            bytes: ByteSize::mib(64),
+            connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// How a job reaches the network.
@@ -599,6 +682,24 @@ impl FromStr for HostPattern {
             port,
         })
     }
+}
+
+/// Parses `a.b.c.d/n` or `v6::/n` into an address and a prefix length.
+pub fn parse_cidr(text: &str) -> Result<(std::net::IpAddr, u8), String> {
+    let (addr, len) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not a CIDR range (write e.g. 127.0.0.1/32)"))?;
+    let addr: std::net::IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{text:?}: {addr:?} is not an IP address"))?;
+    let len: u8 = len
+        .parse()
+        .map_err(|_| format!("{text:?}: bad prefix length {len:?}"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    if len > max {
+        return Err(format!("{text:?}: prefix length above {max}"));
+    }
+    Ok((addr, len))
 }
 
 /// Redaction of secret-shaped output.
