@@ -24,8 +24,8 @@ use crate::jobdir::{JobDir, RuntimeDir};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::out::{self, OutCaps};
 use crate::plan::{
-    INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, OUT_FD, PLAN_FD, RlimitResource, RlimitSetting,
-    STATUS_FD, SandboxPlan,
+    HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, RlimitResource,
+    RlimitSetting, STATUS_FD, SandboxPlan,
 };
 
 /// Longest time from starting the helper to the program's exec.
@@ -294,6 +294,7 @@ impl NativeBackend {
             env: job.env.clone(),
             seccomp: self.seccomp.clone(),
             send_out_dir: job.filesystem.out.enabled,
+            proxy_port: None,
         })
     }
 
@@ -380,7 +381,7 @@ impl NativeBackend {
         let spawned_at = Instant::now();
         let (plan_read, plan_write) = cloexec_pipe()?;
         let (status_read, status_write) = cloexec_pipe()?;
-        let out_socket = if plan.send_out_dir {
+        let handoff = if plan.handoff_count() > 0 {
             Some(
                 rustix::net::socketpair(
                     rustix::net::AddressFamily::UNIX,
@@ -405,8 +406,8 @@ impl NativeBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut fds = vec![(&plan_read, PLAN_FD), (&status_write, STATUS_FD)];
-        if let Some((_, child_end)) = &out_socket {
-            fds.push((child_end, OUT_FD));
+        if let Some((_, child_end)) = &handoff {
+            fds.push((child_end, HANDOFF_FD));
         }
         let passed = airlock_sys::process::pass_fds(&mut cmd, &fds)
             .map_err(|e| NativeError::Helper(format!("pass descriptors: {e}")))?;
@@ -419,7 +420,7 @@ impl NativeBackend {
         drop(passed);
         drop(plan_read);
         drop(status_write);
-        let out_socket = out_socket.map(|(ours, _theirs)| ours);
+        let handoff = handoff.map(|(ours, _theirs)| ours);
 
         let plan_json = serde_json::to_vec(plan)
             .map_err(|e| NativeError::Helper(format!("encode plan: {e}")))?;
@@ -512,6 +513,29 @@ impl NativeBackend {
             });
         };
 
+        // What the init handed over before the start is queued on the handoff socket now.
+        let mut handed = handoff
+            .as_ref()
+            .map(out::receive_handoff)
+            .unwrap_or_default()
+            .into_iter();
+        let out_dir = if plan.send_out_dir {
+            handed.next()
+        } else {
+            None
+        };
+        let _proxy_listener = if plan.proxy_port.is_some() {
+            handed.next()
+        } else {
+            None
+        };
+        if plan.send_out_dir && out_dir.is_none() {
+            let _ = child.start_kill();
+            return Err(NativeError::Helper(
+                "the sandbox did not hand over /out".into(),
+            ));
+        }
+
         // Phase 2: the program runs, against the wall clock and the flood limit.
         let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
         let mut limit_hit = None;
@@ -562,7 +586,6 @@ impl NativeBackend {
         }
         let stdout = drain(stdout_task).await;
         let stderr = drain(stderr_task).await;
-        let out_dir = out_socket.as_ref().and_then(out::receive_out_dir);
         Ok(Supervised {
             out_dir,
             termination,

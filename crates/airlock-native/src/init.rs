@@ -27,7 +27,7 @@ use airlock_sys::process::{self, Fork, UnshareFlags};
 use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions};
 
 use crate::plan::{
-    IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep, OUT_FD, PLAN_FD,
+    HANDOFF_FD, IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep, PLAN_FD,
     RlimitResource, STATUS_FD, SandboxPlan, Usage,
 };
 
@@ -136,8 +136,8 @@ fn read_plan() -> Result<SandboxPlan, StepFailure> {
 /// The helper: cgroup, namespaces, id maps, then the init.
 fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     let plan = read_plan()?;
-    let out_socket = if plan.send_out_dir {
-        Some(process::claim_inherited_fd(OUT_FD).step(|| "claim /out socket".into())?)
+    let handoff = if plan.handoff_count() > 0 {
+        Some(process::claim_inherited_fd(HANDOFF_FD).step(|| "claim handoff socket".into())?)
     } else {
         None
     };
@@ -217,12 +217,12 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     let init = match process::fork().step(|| "fork init".into())? {
         Fork::Child => {
             drop(alive_write);
-            run_init(plan, status, alive_read, out_socket)
+            run_init(plan, status, alive_read, handoff)
         }
         Fork::Parent(pid) => pid,
     };
     drop(alive_read);
-    drop(out_socket);
+    drop(handoff);
     // The job's stdio belongs to the job: stop holding it, so the supervisor sees EOF as
     // soon as the job's processes are gone.
     detach_stdio().step(|| "detach stdio".into())?;
@@ -267,8 +267,8 @@ fn run_mapper(go: &OwnedFd, helper: Pid, ids: &IdMapping) -> Result<(), StepFail
 }
 
 /// Pid 1 of the sandbox.
-fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd, out_socket: Option<OwnedFd>) -> ! {
-    match init_and_spawn(&plan, status, alive, out_socket) {
+fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd, handoff: Option<OwnedFd>) -> ! {
+    match init_and_spawn(&plan, status, alive, handoff) {
         Ok(job) => reap_until_job_exits(status, job),
         Err(failure) => {
             if !failure.reported {
@@ -283,7 +283,7 @@ fn init_and_spawn(
     plan: &SandboxPlan,
     status: &OwnedFd,
     alive: OwnedFd,
-    out_socket: Option<OwnedFd>,
+    handoff: Option<OwnedFd>,
 ) -> Result<Pid, StepFailure> {
     // Die with the helper. If it died before this line, the pipe has hung up.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
@@ -305,12 +305,12 @@ fn init_and_spawn(
     drop(alive);
 
     build_root(plan)?;
-    if let Some(socket) = out_socket {
-        send_out_dir(&socket)?;
-    }
     rustix::system::sethostname(plan.hostname.as_bytes()).step(|| "sethostname".into())?;
     if plan.loopback_up {
         airlock_sys::net::bring_up_loopback().step(|| "bring up lo".into())?;
+    }
+    if let Some(socket) = handoff {
+        hand_over(plan, &socket)?;
     }
 
     let (exec_read, exec_write) =
@@ -360,30 +360,44 @@ fn reap_until_job_exits(status: &OwnedFd, job: Pid) -> ! {
     }
 }
 
-/// Sends an open descriptor of `/out` to the supervisor. It keeps the tmpfs alive after
-/// the sandbox's mount namespace is gone, so the files can be released from it.
-fn send_out_dir(socket: &OwnedFd) -> Result<(), StepFailure> {
+/// Hands the supervisor, in one message, what only the sandbox can create: an open `/out`
+/// (it keeps the tmpfs alive after the sandbox's mount namespace is gone) and the proxy's
+/// listening socket on the sandbox's own loopback.
+fn hand_over(plan: &SandboxPlan, socket: &OwnedFd) -> Result<(), StepFailure> {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     use std::mem::MaybeUninit;
-    let dir = rustix::fs::open(
-        "/out",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .step(|| "open /out".into())?;
-    let fds = [std::os::fd::AsFd::as_fd(&dir)];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    use std::os::fd::AsFd;
+    let mut owned: Vec<OwnedFd> = Vec::with_capacity(2);
+    if plan.send_out_dir {
+        owned.push(
+            rustix::fs::open(
+                "/out",
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .step(|| "open /out".into())?,
+        );
+    }
+    if let Some(port) = plan.proxy_port {
+        let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+            .step(|| format!("bind the proxy socket on 127.0.0.1:{port}"))?;
+        owned.push(OwnedFd::from(listener));
+    }
+    let fds: Vec<_> = owned.iter().map(AsFd::as_fd).collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(bad_input("send /out", "ancillary buffer too small"));
+        return Err(bad_input("hand over", "ancillary buffer too small"));
     }
     rustix::net::sendmsg(
         socket,
-        &[io::IoSlice::new(b"o")],
+        &[io::IoSlice::new(b"h")],
         &mut control,
         SendFlags::empty(),
     )
-    .step(|| "send /out".into())?;
+    .step(|| "hand over descriptors".into())?;
     Ok(())
 }
 

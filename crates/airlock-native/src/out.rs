@@ -39,27 +39,28 @@ pub struct Released {
     pub rejected: Vec<RejectedFile>,
 }
 
-/// Receives the descriptor of `/out` the init sent, without waiting: it was sent before
-/// the job started, so it is queued by now, or setup failed before sending it.
-pub fn receive_out_dir(socket: &OwnedFd) -> Option<OwnedFd> {
+/// Receives the descriptors the init handed over, without waiting: they were sent before
+/// the job started, so they are queued by the time the supervisor hears it started.
+pub fn receive_handoff(socket: &OwnedFd) -> Vec<OwnedFd> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut byte = [0u8; 1];
     let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    rustix::net::recvmsg(
+    let mut received = Vec::new();
+    if rustix::net::recvmsg(
         socket,
         &mut iov,
         &mut control,
         RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
     )
-    .ok()?;
-    let mut received = None;
+    .is_err()
+    {
+        return received;
+    }
     for message in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = message {
-            for fd in fds {
-                received.get_or_insert(fd);
-            }
+            received.extend(fds);
         }
     }
     received

@@ -17,10 +17,15 @@ pub const PLAN_FD: i32 = 3;
 /// The descriptor number on which the init reports [`InitEvent`]s.
 pub const STATUS_FD: i32 = 4;
 
-/// The descriptor number of a unix socket on which the init sends an open descriptor of
-/// `/out` (only when the job has `/out`). The descriptor keeps the tmpfs alive after the
-/// sandbox is gone, so the supervisor can release its files.
-pub const OUT_FD: i32 = 5;
+/// The descriptor number of a unix socket on which the init hands the supervisor, in one
+/// message before the job starts, descriptors it can only create inside the sandbox: an
+/// open `/out` (it keeps the tmpfs alive after the sandbox is gone, so the files can be
+/// released) and the egress proxy's listening socket (bound in the job's own network
+/// namespace, so the job reaches the proxy and nothing else).
+pub const HANDOFF_FD: i32 = 5;
+
+/// The port of the egress proxy on the job's own 127.0.0.1.
+pub const PROXY_PORT: u16 = 3128;
 
 /// The uid and gid the job runs as, inside the sandbox.
 pub const JOB_ID_IN_SANDBOX: u32 = 65_534;
@@ -283,8 +288,18 @@ pub struct SandboxPlan {
     pub env: Vec<(String, String)>,
     /// The seccomp filters, installed last before exec.
     pub seccomp: CompiledSeccomp,
-    /// Whether to send an open descriptor of `/out` on [`OUT_FD`].
+    /// Whether to hand over an open descriptor of `/out` on [`HANDOFF_FD`].
     pub send_out_dir: bool,
+    /// When set, bind a listening socket on the sandbox's `127.0.0.1:<port>` and hand it over
+    /// on [`HANDOFF_FD`] (after `/out`, when both are sent).
+    pub proxy_port: Option<u16>,
+}
+
+impl SandboxPlan {
+    /// How many descriptors the init hands over.
+    pub fn handoff_count(&self) -> usize {
+        usize::from(self.send_out_dir) + usize::from(self.proxy_port.is_some())
+    }
 }
 
 /// What the init reports to the supervisor, one JSON line each, on [`STATUS_FD`].
