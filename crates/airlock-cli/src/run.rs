@@ -5,13 +5,12 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use airlock_core::policy::NetworkMode;
 use airlock_core::units::parse_duration;
 use airlock_core::{
-    Backend, BackendError, BackendKind, ByteSize, Cpus, ErrorKind, InputFile, JobRequest,
-    LimitsRequest, NetworkRequest, Observation, Outcome,
+    BackendKind, ByteSize, Cpus, ErrorKind, InputFile, JobRequest, LimitsRequest, NetworkRequest,
+    Observation, Outcome,
 };
 use airlock_engine::{AuditLog, Engine, LoadedPolicy};
 use clap::Args;
@@ -263,7 +262,7 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
         Ok(a) => a,
         Err(e) => return result(refuse(ErrorKind::Internal, error_chain(&e), &version)),
     };
-    let backend = make_backend(backend_kind, &loaded);
+    let backend = airlock_engine::backends::open(backend_kind, &loaded);
     let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
     engine.run_until(request, None, interrupted(), None).await
 }
@@ -291,24 +290,6 @@ fn check_out_dir(dir: &Path) -> std::io::Result<()> {
         Ok(_) => Err(std::io::Error::other("not a directory")),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-fn make_backend(
-    kind: BackendKind,
-    loaded: &LoadedPolicy,
-) -> Result<Arc<dyn Backend>, BackendError> {
-    match kind {
-        BackendKind::Native => {
-            let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
-            let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
-            let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
-            Ok(Arc::new(backend))
-        }
-        other => Err(BackendError::new(
-            ErrorKind::BackendUnavailable,
-            format!("the {other} backend is not built yet; use --backend native"),
-        )),
     }
 }
 

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod backends;
 pub mod error;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,26 @@
+//! Opening a backend by kind: the one place that knows every backend.
+
+use std::sync::Arc;
+
+use airlock_core::{Backend, BackendError, BackendKind, ErrorKind};
+
+use crate::LoadedPolicy;
+
+/// Opens the backend `kind` for a policy. An error is a [`BackendError`] (usually
+/// `backend_unavailable`) that jobs then end with.
+pub fn open(kind: BackendKind, loaded: &LoadedPolicy) -> Result<Arc<dyn Backend>, BackendError> {
+    match kind {
+        BackendKind::Native => {
+            let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
+            let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
+            let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
+            Ok(Arc::new(backend))
+        }
+        BackendKind::Docker | BackendKind::Podman | BackendKind::Gvisor | BackendKind::Kube => {
+            Err(BackendError::new(
+                ErrorKind::BackendUnavailable,
+                format!("the {kind} backend is not built yet; use --backend native"),
+            ))
+        }
+    }
+}
