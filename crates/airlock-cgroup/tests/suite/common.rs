@@ -23,6 +23,43 @@ impl Drop for TestParent {
     }
 }
 
+/// Reports that `test` cannot run here and returns `false`, so the caller returns early.
+///
+/// Under `AIRLOCK_REQUIRE_ALL=1` (set by `scripts/test.sh` and the cgroup v2 VM) it panics
+/// instead: in CI a skipped test must never count as passed. The skip is also appended to
+/// the file named by `AIRLOCK_SKIP_LOG`, as airlock-testkit's `require!` does.
+pub fn skip(test: &str, reason: &str) -> bool {
+    if std::env::var("AIRLOCK_REQUIRE_ALL").is_ok_and(|v| v == "1") {
+        panic!("{test}: required but missing (AIRLOCK_REQUIRE_ALL=1): {reason}");
+    }
+    eprintln!("skipped: {test}: {reason}");
+    if let Some(path) = std::env::var_os("AIRLOCK_SKIP_LOG")
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+    {
+        let _ = writeln!(file, "airlock-cgroup {test}: {reason}");
+    }
+    false
+}
+
+/// Whether the real tests can run here; when not, reports why through [`skip`].
+pub fn require_real_cgroups(test: &str) -> bool {
+    match skip_reason() {
+        Some(reason) => skip(test, &reason),
+        None => true,
+    }
+}
+
+/// Whether `/usr/bin/python3` exists (the fork bomb and the memory hog are Python).
+pub fn require_python(test: &str) -> bool {
+    Path::new(PYTHON).exists() || skip(test, "/usr/bin/python3 is missing")
+}
+
+/// The interpreter of the fork bomb and the memory hog.
+pub const PYTHON: &str = "/usr/bin/python3";
+
 /// Why this host cannot run the real tests, if it cannot.
 pub fn skip_reason() -> Option<String> {
     if !rustix::process::geteuid().is_root() {
@@ -47,10 +84,9 @@ pub fn skip_reason() -> Option<String> {
 }
 
 /// A real manager under `airlock-test-<test>-<pid>` at each mount root, or `None` (after
-/// printing why) when the host cannot run it.
+/// reporting why through [`skip`]) when the host cannot run it.
 pub fn real_parent(test: &str) -> Result<Option<TestParent>> {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {test}: {reason}");
+    if !require_real_cgroups(test) {
         return Ok(None);
     }
     let h = Hierarchy::detect()?;

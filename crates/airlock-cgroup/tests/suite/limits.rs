@@ -1,10 +1,16 @@
 //! Limits land in the real cgroupfs files; the report agrees with the host.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
 use airlock_cgroup::{CgroupManager, CgroupVersion, Hierarchy, JobLimits, ParentSpec};
-use anyhow::Result;
+use anyhow::{Context, Result, bail, ensure};
 use pretty_assertions::assert_eq;
 
-use super::common::{SMALL, read_job_file, real_parent, skip_reason};
+use super::common::{
+    SMALL, members, place, read_job_file, real_parent, require_real_cgroups, spawn_sleep,
+};
 
 #[test]
 fn limits_are_written_to_the_real_cgroupfs() -> Result<()> {
@@ -40,6 +46,11 @@ fn limits_are_written_to_the_real_cgroupfs() -> Result<()> {
             assert_eq!(read_job_file(m, &job, "pids", "pids.max")?, "8");
         }
         CgroupVersion::V2 => {
+            // The controllers are enabled for the job group (not only in its parent).
+            let enabled = read_job_file(m, &job, "", "cgroup.controllers")?;
+            for c in ["memory", "pids", "cpu"] {
+                assert!(enabled.split(' ').any(|e| e == c), "{c} not in {enabled:?}");
+            }
             assert_eq!(read_job_file(m, &job, "", "memory.max")?, "67108864");
             if m.swap_accounting() {
                 assert_eq!(read_job_file(m, &job, "", "memory.swap.max")?, "0");
@@ -59,8 +70,7 @@ fn limits_are_written_to_the_real_cgroupfs() -> Result<()> {
 
 #[test]
 fn the_report_of_this_host_is_ready() -> Result<()> {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: report: {reason}");
+    if !require_real_cgroups("report") {
         return Ok(());
     }
     let h = Hierarchy::detect()?;
@@ -71,18 +81,29 @@ fn the_report_of_this_host_is_ready() -> Result<()> {
     Ok(())
 }
 
+/// Set in the child process of the v2 case: the cgroup it moves itself into, alone, before
+/// it asks for the Auto parent.
+const AUTO_CHILD_ENV: &str = "AIRLOCK_CGROUP_TEST_AUTO_CHILD";
+/// This test's name, for running it again in a child process.
+const AUTO_TEST: &str = "suite::limits::auto_parent_stays_inside_this_process_cgroup";
+
 #[test]
 fn auto_parent_stays_inside_this_process_cgroup() -> Result<()> {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: auto parent: {reason}");
+    if let Some(dir) = std::env::var_os(AUTO_CHILD_ENV) {
+        return auto_v2_child(Path::new(&dir));
+    }
+    if !require_real_cgroups("auto parent") {
         return Ok(());
     }
     let h = Hierarchy::detect()?;
-    if h.version() != CgroupVersion::V1 {
-        // On v2, Auto may move this test process into a supervisor leaf: not done here.
-        eprintln!("skipped: auto parent: only exercised for real on v1 hosts");
-        return Ok(());
+    match h.version() {
+        CgroupVersion::V1 => auto_v1(h),
+        CgroupVersion::V2 => auto_v2(h),
     }
+}
+
+/// v1: `airlock` under this process's own memory cgroup.
+fn auto_v1(h: Hierarchy) -> Result<()> {
     let own = std::fs::read_to_string("/proc/self/cgroup")?;
     let own_memory = own
         .lines()
@@ -93,7 +114,7 @@ fn auto_parent_stays_inside_this_process_cgroup() -> Result<()> {
         .parent_paths()
         .into_iter()
         .find(|p| p.starts_with("/sys/fs/cgroup/memory"));
-    let expected = std::path::Path::new("/sys/fs/cgroup/memory")
+    let expected = Path::new("/sys/fs/cgroup/memory")
         .join(own_memory.trim_start_matches('/'))
         .join("airlock");
     assert_eq!(memory_parent, Some(expected));
@@ -105,5 +126,144 @@ fn auto_parent_stays_inside_this_process_cgroup() -> Result<()> {
     if let Err(e) = m.remove_created_parents() {
         eprintln!("note: auto parent kept: {e}");
     }
+    Ok(())
+}
+
+/// This process's cgroup in the unified hierarchy (the `0::` line).
+fn own_unified_cgroup() -> Result<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_owned)
+        .context("no 0:: line in /proc/self/cgroup")
+}
+
+/// v2: both shapes of [`ParentSpec::Auto`]. In the root cgroup (a host without systemd,
+/// this VM) the parent is `/airlock`. Alone in a delegated cgroup (what `systemd-run
+/// --scope -p Delegate=yes` gives) the manager moves its process into `<own>/supervisor`
+/// and puts the jobs in `<own>/jobs`: that moves the calling process, so it runs in a child
+/// process placed alone in a fresh cgroup.
+fn auto_v2(h: Hierarchy) -> Result<()> {
+    let mount = PathBuf::from("/sys/fs/cgroup");
+    if own_unified_cgroup()? == "/" {
+        let r = h.report();
+        assert_eq!(r.parent.paths, vec![mount.join("airlock")], "{r}");
+        let m = CgroupManager::new(h, ParentSpec::Auto)?;
+        assert_eq!(m.parent_paths(), vec![mount.join("airlock")]);
+        let name = format!("auto-{}", std::process::id());
+        let job = m.create_job(&name, &SMALL)?;
+        job.remove()?;
+        assert!(!m.job_groups()?.contains(&name));
+        if let Err(e) = m.remove_created_parents() {
+            eprintln!("note: auto parent kept: {e}");
+        }
+        assert_eq!(
+            own_unified_cgroup()?,
+            "/",
+            "Auto moved a root-cgroup process"
+        );
+    } else {
+        eprintln!(
+            "note: this process is not in the root cgroup; only the delegated case is exercised"
+        );
+    }
+
+    // The delegated case: `<test parent>/delegated` stands for the systemd scope.
+    let Some(p) = real_parent("auto")? else {
+        return Ok(());
+    };
+    let delegated = p
+        .manager
+        .parent_paths()
+        .into_iter()
+        .next()
+        .context("no parent")?
+        .join("delegated");
+    std::fs::create_dir(&delegated)?;
+    let out = Command::new(std::env::current_exe()?)
+        .args(["--exact", AUTO_TEST, "--nocapture", "--test-threads=1"])
+        .env(AUTO_CHILD_ENV, &delegated)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("child:\n{stdout}{stderr}");
+    // The child has exited, so its supervisor leaf is empty; remove what it left.
+    let mut kept = Vec::new();
+    for d in [
+        delegated.join("jobs"),
+        delegated.join("supervisor"),
+        delegated.clone(),
+    ] {
+        if d.exists() && !remove_cgroup_dir(&d) {
+            kept.push(d);
+        }
+    }
+    assert!(out.status.success(), "the child failed: {:?}", out.status);
+    assert!(stdout.contains("1 passed"), "the child ran no test");
+    assert_eq!(kept, Vec::<PathBuf>::new(), "cgroups left behind");
+    Ok(())
+}
+
+/// `rmdir` of an empty cgroup, retried for a moment while its last process is released.
+fn remove_cgroup_dir(dir: &Path) -> bool {
+    for _ in 0..100 {
+        if std::fs::remove_dir(dir).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// The child of [`auto_v2`]: alone in `delegated`, asks for the Auto parent twice.
+fn auto_v2_child(delegated: &Path) -> Result<()> {
+    let mount = Path::new("/sys/fs/cgroup");
+    std::fs::write(delegated.join("cgroup.procs"), "0")?;
+    let rel = delegated
+        .strip_prefix(mount)?
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(own_unified_cgroup()?, format!("/{rel}"));
+
+    let h = Hierarchy::detect()?;
+    let r = h.report();
+    assert_eq!(r.parent.paths, vec![delegated.join("jobs")], "{r}");
+    let m = CgroupManager::new(h, ParentSpec::Auto)?;
+    assert_eq!(m.parent_paths(), vec![delegated.join("jobs")]);
+    // This process now sits alone in the supervisor leaf.
+    assert_eq!(own_unified_cgroup()?, format!("/{rel}/supervisor"));
+    let procs = std::fs::read_to_string(delegated.join("supervisor/cgroup.procs"))?;
+    assert_eq!(procs.trim(), std::process::id().to_string());
+    ensure!(
+        std::fs::read_to_string(delegated.join("cgroup.procs"))?
+            .trim()
+            .is_empty(),
+        "the delegated cgroup still has processes of its own"
+    );
+
+    // A job under <own>/jobs gets every limit, and its process is killed with it.
+    let job = m.create_job("auto-child", &SMALL)?;
+    let dir = delegated.join("jobs/auto-child");
+    assert_eq!(job.paths(), vec![dir.clone()]);
+    let memory_max = std::fs::read_to_string(dir.join("memory.max"))?;
+    assert_eq!(memory_max.trim(), SMALL.memory_bytes.to_string());
+    let pids_max = std::fs::read_to_string(dir.join("pids.max"))?;
+    assert_eq!(pids_max.trim(), SMALL.pids_max.to_string());
+    let mut child = spawn_sleep()?;
+    place(&job, child.pid())?;
+    assert_eq!(members(&job)?, vec![child.pid()]);
+
+    // A second manager in the same process finds the split already made.
+    let again = CgroupManager::new(Hierarchy::detect()?, ParentSpec::Auto)?;
+    assert_eq!(again.parent_paths(), vec![delegated.join("jobs")]);
+    assert_eq!(again.job_groups()?, vec!["auto-child".to_owned()]);
+
+    job.remove()?;
+    if child.wait_timeout(Duration::from_secs(5))?.is_none() {
+        bail!("the job's process survived remove");
+    }
+    assert!(!dir.exists());
+    m.remove_created_parents()?;
+    assert!(!delegated.join("jobs").exists());
     Ok(())
 }

@@ -1,22 +1,19 @@
 //! A memory hog is OOM-killed at the limit, and the stats say so.
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
 use std::time::Duration;
 
 use airlock_cgroup::JobLimits;
 use anyhow::{Context, Result};
 use pretty_assertions::assert_eq;
 
-use super::common::{place, real_parent, spawn_gated_shell};
+use super::common::{PYTHON, place, real_parent, require_python, spawn_gated_shell};
 
 const LIMIT_BYTES: u64 = 64 << 20;
 
 #[test]
 fn memory_hog_is_oom_killed_and_counted() -> Result<()> {
-    let python = Path::new("/usr/bin/python3");
-    if !python.exists() {
-        eprintln!("skipped: oom: /usr/bin/python3 is missing");
+    if !require_python("oom") {
         return Ok(());
     }
     let Some(p) = real_parent("oom")? else {
@@ -28,9 +25,9 @@ fn memory_hog_is_oom_killed_and_counted() -> Result<()> {
         pids_max: 16,
     };
     let job = p.manager.create_job("hog", &limits)?;
-    let mut sh = spawn_gated_shell(
-        "read x; exec /usr/bin/python3 -c 'b = bytearray(512 * 1024 * 1024); print(len(b))'",
-    )?;
+    let mut sh = spawn_gated_shell(&format!(
+        "read x; exec {PYTHON} -c 'b = bytearray(512 * 1024 * 1024); print(len(b))'"
+    ))?;
     place(&job, sh.pid())?;
     sh.release()?;
     let status = sh

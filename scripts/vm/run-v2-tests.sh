@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Runs airlock's cgroup tests on a real cgroup v2 kernel: builds the test binaries, boots
+# Debian's cloud kernel under qemu (TCG) with a pure cgroup v2 hierarchy (vm-run.sh), and
+# runs there, as root, one process per test: every test of the airlock-cgroup integration
+# binary, and the airlock-cli end-to-end tests of issue 3's "Done means" for v2. Prints the
+# tests' output and exits 0 only when every one passed. See scripts/vm/README.md.
+#
+#   scripts/vm/run-v2-tests.sh [--target-dir DIR] [--no-build] [--shell-cmd CMD]
+#                              [vm-run.sh options: --verbose --keep --timeout S ...]
+#                              [-- CLI_TEST...]
+#
+#   --target-dir DIR  cargo's target directory (default: $CARGO_TARGET_DIR, else cargo
+#                     metadata's); the tests find airlock there by its absolute path, so the
+#                     guest gets the binaries at the same paths
+#   --no-build        use the binaries already built in the target directory
+#   --shell-cmd CMD   run CMD (sh) in the VM instead of the tests, with the same binaries
+#                     and $AIRLOCK_BIN, $AIRLOCK_PROBE, $AIRLOCK_CLI_TESTS and
+#                     $AIRLOCK_CGROUP_TESTS naming them (e.g. for rootless runs as `tester`)
+#   CLI_TEST...       airlock-cli tests to run instead of the default list (exact names)
+set -euo pipefail
+
+script_dir=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$script_dir/../.." && pwd)
+
+# The end-to-end tests of issue 3's "Done means" on a cgroup v2 host.
+cli_tests=(
+  suite::limits::allocating_a_gigabyte_ends_as_oom
+  suite::limits::fork_bomb_is_held_at_the_pids_limit
+  suite::limits::cpu_quota_is_applied
+  suite::limits::double_forked_setsid_sleeper_is_gone_when_the_job_ends
+  suite::limits::wall_time_kills_the_whole_tree
+  suite::cleanup::two_hundred_jobs_leave_nothing_behind
+  suite::probe::probe_sees_a_locked_down_sandbox
+  suite::basics::readme_hello_job_prints_45
+)
+
+target_dir="${CARGO_TARGET_DIR:-}"
+build=1
+shell_cmd=""
+vm_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --target-dir) target_dir=$2; shift 2 ;;
+    --no-build) build=0; shift ;;
+    --shell-cmd) shell_cmd=$2; shift 2 ;;
+    --verbose|--keep) vm_args+=("$1"); shift ;;
+    --timeout|--cpus|--memory|--with|--env) vm_args+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    --) shift; cli_tests=("$@"); break ;;
+    *) echo "run-v2-tests.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+log() { printf '==> %s\n' "$*" >&2; }
+now() { date +%s.%N | cut -c1-14; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+started=$(now)
+
+cd "$repo"
+if [ -z "$target_dir" ]; then
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+fi
+mkdir -p "$target_dir"
+target_dir=$(cd "$target_dir" && pwd)
+export CARGO_TARGET_DIR="$target_dir"
+
+# The test executables, from cargo's own report (the file names carry a hash).
+artifacts="$target_dir/vm-test-artifacts.json"
+if [ "$build" = 1 ]; then
+  log "building the test binaries and the probe in $target_dir"
+  cargo build --locked -p airlock-cli --bin airlock -p airlock-testkit --bin airlock-probe
+  cargo test --locked -p airlock-cli -p airlock-cgroup --no-run --message-format=json >"$artifacts"
+elif [ ! -s "$artifacts" ]; then
+  cargo test --locked --offline -p airlock-cli -p airlock-cgroup --no-run --message-format=json >"$artifacts"
+fi
+find_test() {
+  python3 - "$artifacts" "$1" <<'EOF'
+import json, sys
+found = None
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    t = m["target"]
+    # package_id: "path+file:///.../crates/airlock-cli#0.1.0" (or "airlock-cli 0.1.0 (...)").
+    if t["name"] == "all" and "test" in t["kind"] and sys.argv[2] in m["package_id"]:
+        found = m["executable"]
+if not found:
+    sys.exit(f"no integration test binary of {sys.argv[2]} in {sys.argv[1]}")
+print(found)
+EOF
+}
+cli_bin=$(find_test airlock-cli)
+cgroup_bin=$(find_test airlock-cgroup)
+airlock_bin="$target_dir/debug/airlock"
+probe_bin="$target_dir/debug/airlock-probe"
+for f in "$cli_bin" "$cgroup_bin" "$airlock_bin" "$probe_bin"; do
+  [ -x "$f" ] || { echo "run-v2-tests.sh: $f is not built" >&2; exit 1; }
+done
+log "binaries ready in $(since "$started") s"
+
+env_args=(
+  --env "AIRLOCK_BIN=$airlock_bin"
+  --env "AIRLOCK_PROBE=$probe_bin"
+  --env "AIRLOCK_CLI_TESTS=$cli_bin"
+  --env "AIRLOCK_CGROUP_TESTS=$cgroup_bin"
+  --env "AIRLOCK_REQUIRE_ALL=1"
+  --env "RUST_BACKTRACE=1"
+)
+with_args=(--with "$airlock_bin" --with "$probe_bin" --with "$cli_bin" --with "$cgroup_bin")
+
+if [ -n "$shell_cmd" ]; then
+  exec "$script_dir/vm-run.sh" "${with_args[@]}" "${env_args[@]}" "${vm_args[@]}" -- "$shell_cmd"
+fi
+
+# The guest side: one process per test (as nextest runs them), each timed; a summary line.
+guest_script=$(cat <<EOF
+cgroup_tests=\$("\$AIRLOCK_CGROUP_TESTS" --list --format terse | sed -n 's/: test\$//p')
+cli_tests='${cli_tests[*]}'
+EOF
+)
+guest_script+=$(cat <<'EOF'
+
+passed=0 failed=0 failures=""
+cd /tmp || exit 1
+run_test() {
+  bin=$1 name=$2
+  echo "---- $name"
+  t0=$(date +%s%N)
+  "$bin" --exact "$name" --test-threads=1 --color never --nocapture
+  rc=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if [ "$rc" = 0 ]; then
+    passed=$((passed + 1)); echo "PASS $name (${ms} ms)"
+  else
+    failed=$((failed + 1)); failures="$failures $name"; echo "FAIL $name (${ms} ms, exit $rc)"
+  fi
+}
+for t in $cgroup_tests; do run_test "$AIRLOCK_CGROUP_TESTS" "$t"; done
+for t in $cli_tests; do run_test "$AIRLOCK_CLI_TESTS" "$t"; done
+# Only airlock's own parent (ParentSpec::Auto in the root cgroup) may stay, and empty.
+leftover=$(find /sys/fs/cgroup -mindepth 1 -type d ! -path /sys/fs/cgroup/airlock)
+if [ -n "$leftover" ]; then
+  echo "cgroups left behind after the tests:"; echo "$leftover"
+  failed=$((failed + 1)); failures="$failures (cgroups-left-behind)"
+fi
+[ -z "$failures" ] || echo "failed:$failures"
+echo "cgroup-v2: $passed passed, $failed failed"
+[ "$failed" = 0 ]
+EOF
+)
+
+set +e
+"$script_dir/vm-run.sh" "${with_args[@]}" "${env_args[@]}" "${vm_args[@]}" -- "$guest_script"
+status=$?
+set -e
+log "cgroup v2 VM tests: exit $status, $(since "$started") s in all"
+exit "$status"
