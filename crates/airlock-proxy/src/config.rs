@@ -1,0 +1,356 @@
+//! What one proxy instance enforces: built once per job from the policy and the job's
+//! allowlist, then shared read-only by every connection.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use airlock_core::policy::{HostPattern, NetworkMode, NetworkPolicy, ProxyLimits, parse_cidr};
+
+use crate::error::ProxyError;
+use crate::host::{HostRule, TargetHost};
+use crate::ranges::AllowedRanges;
+
+/// A hook called with every address right before the proxy connects to it; returning
+/// `false` refuses that connect (it is then reported as a failed connect). For tests that
+/// must prove an address is never dialled, and for embedders that want a last check.
+pub type ConnectGate = Arc<dyn Fn(SocketAddr) -> bool + Send + Sync>;
+
+/// Everything one proxy instance enforces.
+pub struct ProxyConfig {
+    allow: Vec<HostRule>,
+    allow_ranges: AllowedRanges,
+    secrets: Vec<Secret>,
+    limits: ProxyLimits,
+    resolver: Resolver,
+    connect_gate: Option<ConnectGate>,
+}
+
+impl ProxyConfig {
+    /// Builds the configuration for one job.
+    ///
+    /// `allow` is the job's allowlist (already resolved against the policy by
+    /// `airlock-core`); each entry must also be in `network.allow`, and an empty list
+    /// allows nothing. `env` reads a secret's real value from the executor's environment
+    /// (normally `|name| std::env::var(name).ok()`); a missing value is an error, never
+    /// an empty secret.
+    pub fn from_policy(
+        network: &NetworkPolicy,
+        allow: &[String],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ProxyError> {
+        if network.mode != NetworkMode::Proxy {
+            return Err(ProxyError::CheckMode { mode: network.mode });
+        }
+        let policy_allow: Vec<HostPattern> = network
+            .allow
+            .iter()
+            .map(|entry| parse_pattern(entry))
+            .collect::<Result<_, _>>()?;
+        let mut rules = Vec::with_capacity(allow.len());
+        for entry in allow {
+            let pattern = parse_pattern(entry)?;
+            if !policy_allow.contains(&pattern) {
+                return Err(ProxyError::CheckAllowEntry {
+                    entry: entry.clone(),
+                });
+            }
+            rules.push(
+                HostRule::new(&pattern).map_err(|reason| ProxyError::ParseAllowEntry {
+                    entry: entry.clone(),
+                    reason,
+                })?,
+            );
+        }
+        let ranges = network
+            .allow_ranges
+            .iter()
+            .map(|range| {
+                parse_cidr(range).map_err(|reason| ProxyError::ParseAllowRange {
+                    range: range.clone(),
+                    reason,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut secrets: Vec<Secret> = Vec::with_capacity(network.secrets.len());
+        for (index, spec) in network.secrets.iter().enumerate() {
+            let bad = |reason: String| ProxyError::ParseSecret {
+                index,
+                value_env: spec.value_env.clone(),
+                reason,
+            };
+            if spec.placeholder.is_empty() || !is_header_safe(&spec.placeholder) {
+                return Err(bad(
+                    "the placeholder must be printable ASCII (it is searched for in headers)"
+                        .to_owned(),
+                ));
+            }
+            if let Some(other) = secrets.iter().find(|s| {
+                s.placeholder.contains(&spec.placeholder) || spec.placeholder.contains(&s.placeholder)
+            }) {
+                return Err(bad(format!(
+                    "the placeholder overlaps the placeholder for {}",
+                    other.value_env
+                )));
+            }
+            let hosts = spec
+                .hosts
+                .iter()
+                .map(|host| {
+                    let pattern = host.parse::<HostPattern>().map_err(&bad)?;
+                    HostRule::new(&pattern).map_err(|reason| bad(format!("{host:?}: {reason}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if hosts.is_empty() {
+                return Err(bad("hosts must name where the secret may go".to_owned()));
+            }
+            let value = env(&spec.value_env).ok_or_else(|| ProxyError::ReadSecretValue {
+                index,
+                value_env: spec.value_env.clone(),
+            })?;
+            let check = |reason| ProxyError::CheckSecretValue {
+                index,
+                value_env: spec.value_env.clone(),
+                reason,
+            };
+            if value.is_empty() {
+                return Err(check("is empty"));
+            }
+            if !is_header_safe(&value) {
+                return Err(check(
+                    "holds a control or non-ASCII character (it must fit in a header)",
+                ));
+            }
+            secrets.push(Secret {
+                placeholder: spec.placeholder.clone(),
+                value: SecretValue(value),
+                hosts,
+                value_env: spec.value_env.clone(),
+            });
+        }
+        Ok(Self {
+            allow: rules,
+            allow_ranges: AllowedRanges::new(ranges),
+            secrets,
+            limits: network.limits.clone(),
+            resolver: Resolver::System,
+            connect_gate: None,
+        })
+    }
+
+    /// Replaces the resolver (the default is [`Resolver::System`]).
+    pub fn with_resolver(mut self, resolver: Resolver) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Installs a [`ConnectGate`].
+    pub fn with_connect_gate(mut self, gate: ConnectGate) -> Self {
+        self.connect_gate = Some(gate);
+        self
+    }
+
+    /// The compiled allowlist.
+    pub fn allow(&self) -> &[HostRule] {
+        &self.allow
+    }
+
+    /// The blocked ranges this proxy may reach all the same.
+    pub fn allow_ranges(&self) -> &AllowedRanges {
+        &self.allow_ranges
+    }
+
+    /// The secrets.
+    pub fn secrets(&self) -> &[Secret] {
+        &self.secrets
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &ProxyLimits {
+        &self.limits
+    }
+
+    /// The resolver.
+    pub fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
+    pub(crate) fn connect_gate(&self) -> Option<&ConnectGate> {
+        self.connect_gate.as_ref()
+    }
+
+    /// True when an allowlist entry admits `host:port`.
+    pub fn allows(&self, host: &TargetHost, port: u16) -> bool {
+        self.allow.iter().any(|rule| rule.matches(host, port))
+    }
+}
+
+impl fmt::Debug for ProxyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyConfig")
+            .field("allow", &self.allow)
+            .field("allow_ranges", &self.allow_ranges)
+            .field("secrets", &self.secrets)
+            .field("limits", &self.limits)
+            .field("resolver", &self.resolver)
+            .field("connect_gate", &self.connect_gate.is_some())
+            .finish()
+    }
+}
+
+fn parse_pattern(entry: &str) -> Result<HostPattern, ProxyError> {
+    entry
+        .parse::<HostPattern>()
+        .map_err(|reason| ProxyError::ParseAllowEntry {
+            entry: entry.to_owned(),
+            reason,
+        })
+}
+
+/// True for printable ASCII and spaces: what fits in a header value unchanged.
+fn is_header_safe(text: &str) -> bool {
+    text.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+/// A secret kept on the host: the job sends `placeholder`; the proxy puts in `value` only
+/// on plain-HTTP requests to one of `hosts`.
+#[derive(Debug, Clone)]
+pub struct Secret {
+    /// What the job sees and sends.
+    pub placeholder: String,
+    /// The real value. Its `Debug` form is redacted.
+    pub value: SecretValue,
+    /// Where the real value may go.
+    pub hosts: Vec<HostRule>,
+    /// The executor variable the value came from (for messages; not secret).
+    pub value_env: String,
+}
+
+impl Secret {
+    /// True when the real value may be sent to `host:port`.
+    pub fn is_for(&self, host: &TargetHost, port: u16) -> bool {
+        self.hosts.iter().any(|rule| rule.matches(host, port))
+    }
+}
+
+/// A secret's real value: never printed, never logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(String);
+
+impl SecretValue {
+    /// Wraps a value.
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    /// The value itself, for the one place that puts it into a request.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretValue(<{} bytes, redacted>)", self.0.len())
+    }
+}
+
+/// How the proxy turns names into addresses.
+#[derive(Debug, Clone, Default)]
+pub enum Resolver {
+    /// The host's resolver (`getaddrinfo` through `tokio::net::lookup_host`).
+    #[default]
+    System,
+    /// A fixed table, keyed by lower-case name; a name not in it does not resolve. For
+    /// tests: `allowed.test` → `127.0.0.1` without any DNS.
+    Static(HashMap<String, Vec<IpAddr>>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::policy::SecretSpec;
+
+    fn network(allow: &[&str]) -> NetworkPolicy {
+        NetworkPolicy {
+            mode: NetworkMode::Proxy,
+            allow: allow.iter().map(|s| (*s).to_owned()).collect(),
+            ..NetworkPolicy::default()
+        }
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn job_allowlist_must_be_in_the_policy() {
+        let net = network(&["pypi.org:443", "*.pythonhosted.org:443"]);
+        let config = ProxyConfig::from_policy(&net, &strings(&["pypi.org:443"]), |_| None).unwrap();
+        assert_eq!(config.allow().len(), 1);
+        let err =
+            ProxyConfig::from_policy(&net, &strings(&["evil.com:443"]), |_| None).unwrap_err();
+        assert!(matches!(err, ProxyError::CheckAllowEntry { .. }), "{err}");
+        let none = ProxyConfig::from_policy(&net, &[], |_| None).unwrap();
+        assert!(none.allow().is_empty());
+    }
+
+    #[test]
+    fn mode_none_is_refused() {
+        let mut net = network(&[]);
+        net.mode = NetworkMode::None;
+        assert!(matches!(
+            ProxyConfig::from_policy(&net, &[], |_| None),
+            Err(ProxyError::CheckMode { .. })
+        ));
+    }
+
+    #[test]
+    fn numeric_entries_are_refused() {
+        let net = network(&["2130706433:80"]);
+        let err =
+            ProxyConfig::from_policy(&net, &strings(&["2130706433:80"]), |_| None).unwrap_err();
+        assert!(matches!(err, ProxyError::ParseAllowEntry { .. }), "{err}");
+    }
+
+    fn secret(placeholder: &str, value_env: &str, hosts: &[&str]) -> SecretSpec {
+        SecretSpec {
+            env: "API_TOKEN".into(),
+            placeholder: placeholder.into(),
+            value_env: value_env.into(),
+            hosts: strings(hosts),
+        }
+    }
+
+    #[test]
+    fn secrets_read_their_value_and_never_print_it() {
+        let mut net = network(&[]);
+        net.secrets = vec![secret("airlock-placeholder-1", "REAL", &["api.test:80"])];
+        let config = ProxyConfig::from_policy(&net, &[], |name| {
+            (name == "REAL").then(|| "s3cr3t-value".to_owned())
+        })
+        .unwrap();
+        assert_eq!(config.secrets()[0].value.expose(), "s3cr3t-value");
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("s3cr3t-value"), "{printed}");
+        assert!(printed.contains("redacted"), "{printed}");
+    }
+
+    #[test]
+    fn unusable_secrets_are_errors_that_never_quote_the_value() {
+        let mut net = network(&[]);
+        net.secrets = vec![secret("airlock-placeholder-1", "REAL", &["api.test:80"])];
+        assert!(matches!(
+            ProxyConfig::from_policy(&net, &[], |_| None),
+            Err(ProxyError::ReadSecretValue { .. })
+        ));
+        let err = ProxyConfig::from_policy(&net, &[], |_| Some("line\r\nInjected: 1".into()))
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::CheckSecretValue { .. }));
+        assert!(!err.to_string().contains("Injected"), "{err}");
+        net.secrets.push(secret("airlock-placeholder-12", "OTHER", &["b.test"]));
+        let err = ProxyConfig::from_policy(&net, &[], |_| Some("v".into())).unwrap_err();
+        assert!(matches!(err, ProxyError::ParseSecret { .. }), "{err}");
+    }
+}

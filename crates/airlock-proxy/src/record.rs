@@ -1,0 +1,128 @@
+//! What the proxy reports: one [`ConnectionRecord`] per request or tunnel, allowed or
+//! denied, and a [`ProxySummary`] when it stops. Both serialize for the audit log.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+/// The policy decision on one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// The target passed every check; the proxy dialled it (see `error` for how that went).
+    Allowed,
+    /// The proxy refused before dialling anything.
+    Denied {
+        /// A short reason, also sent to the job in the refusal's body.
+        reason: String,
+    },
+}
+
+/// A limit of the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    /// Requests and tunnels over the proxy's life (`network.limits.connections`).
+    Connections,
+    /// Bytes exchanged with upstreams, both directions (`network.limits.bytes`).
+    Bytes,
+    /// Resolving and connecting to an upstream (`network.limits.connect_timeout`).
+    ConnectTimeout,
+    /// No traffic on a connection (`network.limits.idle_timeout`).
+    IdleTimeout,
+    /// The request line and headers ([`MAX_REQUEST_HEAD_BYTES`](crate::MAX_REQUEST_HEAD_BYTES)).
+    RequestHeadSize,
+}
+
+impl fmt::Display for LimitKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LimitKind::Connections => "connection limit",
+            LimitKind::Bytes => "byte limit",
+            LimitKind::ConnectTimeout => "connect timeout",
+            LimitKind::IdleTimeout => "idle timeout",
+            LimitKind::RequestHeadSize => "request header size limit",
+        })
+    }
+}
+
+/// One request (plain HTTP) or tunnel (CONNECT), for the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConnectionRecord {
+    /// `CONNECT`, `GET`, ...; empty when the request could not be parsed.
+    pub method: String,
+    /// The target host as normalized (or as sent, when it was refused as malformed).
+    pub host: String,
+    /// The target port (0 when unknown).
+    pub port: u16,
+    /// The address the proxy connected to (pinned: the one it checked).
+    pub resolved: Option<IpAddr>,
+    /// Allowed or denied, with the reason.
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// The HTTP status the job got: the proxy's own (200 for an open tunnel, 403, 502,
+    /// ...), or the upstream's for a forwarded request.
+    pub status: Option<u16>,
+    /// Why an allowed connection failed or ended early, if it did.
+    pub error: Option<String>,
+    /// The limit that refused or ended this connection, if one did.
+    pub limit: Option<LimitKind>,
+    /// Bytes sent to the upstream.
+    pub bytes_up: u64,
+    /// Bytes received from the upstream.
+    pub bytes_down: u64,
+    /// When the request arrived, in milliseconds since the proxy started.
+    pub started_ms: u64,
+    /// How long it lasted, in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl ConnectionRecord {
+    pub(crate) fn new(method: String, started_ms: u64) -> Self {
+        Self {
+            method,
+            host: String::new(),
+            port: 0,
+            resolved: None,
+            verdict: Verdict::Allowed,
+            status: None,
+            error: None,
+            limit: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            started_ms,
+            duration_ms: 0,
+        }
+    }
+}
+
+/// What happened over the proxy's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct ProxySummary {
+    /// Every request and tunnel, in the order they ended.
+    pub connections: Vec<ConnectionRecord>,
+    /// Requests refused after the connection limit was reached; they have no record of
+    /// their own, so that the records stay bounded.
+    pub refused_after_limit: u64,
+    /// Connects attempted to upstream addresses.
+    pub upstream_connects: u64,
+    /// Bytes sent to upstreams.
+    pub bytes_up: u64,
+    /// Bytes received from upstreams.
+    pub bytes_down: u64,
+    /// The first limit of the proxy as a whole (connections or bytes) that was reached.
+    pub limit_hit: Option<LimitKind>,
+}
+
+impl ProxySummary {
+    /// The number of allowed and denied records.
+    pub fn counts(&self) -> (usize, usize) {
+        let allowed = self
+            .connections
+            .iter()
+            .filter(|r| r.verdict == Verdict::Allowed)
+            .count();
+        (allowed, self.connections.len() - allowed)
+    }
+}
