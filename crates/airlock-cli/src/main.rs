@@ -6,7 +6,9 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod mcp;
 mod run;
+mod serve;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -38,6 +40,13 @@ enum Command {
     /// Policy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Serve the HTTP API (and MCP over HTTP at /mcp).
+    Serve(Box<serve::ServeArgs>),
+    /// Serve the run_code tool over MCP on stdio (logs go to stderr).
+    Mcp(mcp::McpArgs),
+    /// Bearer tokens for `airlock serve`.
+    #[command(subcommand)]
+    Token(serve::TokenCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,22 +67,30 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(OsStr::new(airlock_native::plan::INIT_ARG)) {
         airlock_native::init::main();
     }
-    init_logging();
     let cli = Cli::parse();
+    // The server logs each request and job at info; the other commands only warnings.
+    init_logging(match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    });
     match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::doctor(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(&file),
         Command::Policy(PolicyCommand::Show { file }) => policy_show(file.as_deref()),
+        Command::Serve(args) => serve::serve(*args),
+        Command::Mcp(args) => mcp::mcp(args),
+        Command::Token(command) => serve::token(command),
     }
 }
 
-fn init_logging() {
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
 }

@@ -1,0 +1,99 @@
+//! `airlock mcp`: the MCP tool server on stdio. stdout carries only MCP messages; logs go
+//! to stderr.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use airlock_core::BackendKind;
+use airlock_engine::{AuditLog, Engine, LoadedPolicy};
+use airlock_mcp::EngineExecutor;
+use clap::Args;
+
+use crate::error_chain;
+
+/// How long to wait for interrupted jobs to be torn down and audited before exiting.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Policy file for jobs (default: the built-in policy).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+
+    /// Jobs running at once (default: the number of CPUs).
+    #[arg(long, value_name = "N")]
+    max_in_flight: Option<usize>,
+}
+
+pub fn mcp(args: McpArgs) -> ExitCode {
+    let loaded = match &args.policy {
+        Some(path) => match LoadedPolicy::from_file(path) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                eprintln!("airlock mcp: {}", error_chain(&e));
+                return ExitCode::from(2);
+            }
+        },
+        None => LoadedPolicy::builtin(),
+    };
+    let audit = match AuditLog::open(&loaded.audit_path(), loaded.policy.audit.fsync) {
+        Ok(audit) => audit,
+        Err(e) => {
+            eprintln!("airlock mcp: {}", error_chain(&e));
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock mcp: start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let max_in_flight = args
+        .max_in_flight
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let result = runtime.block_on(async move {
+        let backend = airlock_server::native_backend(&loaded);
+        if let Err(e) = &backend {
+            tracing::error!(kind = %e.kind, error = %e.message, "backend unavailable: every job will fail");
+        }
+        let engine = Arc::new(Engine::new(loaded.policy, BackendKind::Native, backend, audit));
+        let (interrupt_tx, interrupt_rx) = tokio::sync::watch::channel(None);
+        let executor = Arc::new(EngineExecutor::new(engine, max_in_flight, interrupt_rx));
+        let signals = async {
+            use tokio::signal::unix::{SignalKind, signal};
+            match (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                (Ok(mut int), Ok(mut term)) => tokio::select! {
+                    _ = int.recv() => "SIGINT",
+                    _ = term.recv() => "SIGTERM",
+                },
+                _ => std::future::pending().await,
+            }
+        };
+        let (served, reason) = tokio::select! {
+            served = airlock_mcp::serve_stdio(executor.clone()) => (served, "the client closed stdin"),
+            name = signals => (Ok(()), name),
+        };
+        // Jobs still running are killed (and audited) rather than dropped unaudited.
+        let _ = interrupt_tx.send(Some(reason.to_owned()));
+        if tokio::time::timeout(STOP_WAIT, executor.wait_idle()).await.is_err() {
+            tracing::error!("jobs still running after they were interrupted; exiting anyway");
+        }
+        served
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock mcp: {}", error_chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}

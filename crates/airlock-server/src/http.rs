@@ -1,0 +1,462 @@
+//! The HTTP API: routes, authentication, request bounds, status codes, SSE.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use airlock_core::{ErrorKind, JobRequest, Observation, Outcome};
+use airlock_engine::{OutputEvent, OutputSink};
+use airlock_mcp::{AuthenticatedTenant, RunCodeServer};
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use futures_util::StreamExt;
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderValue, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{ErrorBody, Health, OutputChunk, RunRequest};
+use crate::auth::{TokensFile, bearer_token};
+use crate::runner::{Phase, Refusal, Runner};
+
+/// Output events buffered for one streamed run. When a client reads slower than the job
+/// writes, later chunks are dropped (the final observation still has all kept output).
+pub const SSE_BUFFER_EVENTS: usize = 256;
+/// Seconds a client is told to wait after a 429.
+pub const RETRY_AFTER_SECS: u64 = 1;
+/// Interval of SSE keep-alive comments.
+pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// What the routes share.
+#[derive(Clone)]
+pub struct AppState {
+    /// Admission and engines.
+    pub runner: Arc<Runner>,
+    /// The tokens; `None` when the server runs without authentication (loopback only).
+    pub tokens: Option<Arc<TokensFile>>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Longest time to receive a request body.
+    pub body_timeout: Duration,
+    /// The server's phase.
+    pub phase: watch::Receiver<Phase>,
+    /// Tasks running streamed jobs (waited for at shutdown).
+    pub tasks: TaskTracker,
+    /// The OpenAPI document, rendered once.
+    pub openapi: Bytes,
+}
+
+/// A JSON response.
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = (status, body).into_response();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_else(|e| {
+        format!(
+            "{{\"ok\":false,\"outcome\":\"error\",\"error\":{{\"kind\":\"internal\",\"message\":{:?}}}}}",
+            format!("encode the response: {e}")
+        )
+        .into_bytes()
+    })
+}
+
+/// An error response in the DESIGN error shape.
+pub fn error_response(status: StatusCode, kind: ErrorKind, message: impl Into<String>) -> Response {
+    json_response(status, to_json(&ErrorBody::new(kind, message)))
+}
+
+fn refusal_response(state: &AppState, refusal: Refusal) -> Response {
+    match refusal {
+        Refusal::QueueFull | Refusal::QueueTimeout => {
+            let mut response = error_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorKind::BackendUnavailable,
+                refusal.message(),
+            );
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            response
+        }
+        Refusal::ShuttingDown => {
+            let _ = state;
+            error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::BackendUnavailable,
+                refusal.message(),
+            )
+        }
+    }
+}
+
+/// The status of an observation: 200 when the job ran, whatever its exit; else from the
+/// error kind.
+pub fn observation_status(observation: &Observation, phase: Phase) -> StatusCode {
+    if observation.outcome != Outcome::Error {
+        return StatusCode::OK;
+    }
+    match observation.error.as_ref().map(|e| e.kind) {
+        Some(ErrorKind::InvalidInput) => StatusCode::BAD_REQUEST,
+        Some(ErrorKind::PolicyDenied) => StatusCode::FORBIDDEN,
+        Some(ErrorKind::BackendUnavailable) => StatusCode::SERVICE_UNAVAILABLE,
+        // A job killed by a shutdown: the client may retry elsewhere.
+        Some(ErrorKind::Internal) if phase == Phase::Killing => StatusCode::SERVICE_UNAVAILABLE,
+        Some(ErrorKind::Internal) | None => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Requires a valid bearer token when a tokens file is configured, and records the tenant.
+async fn require_token(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(tokens) = &state.tokens else {
+        return next.run(request).await;
+    };
+    let tenant = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .and_then(|token| tokens.authenticate(token))
+        .map(|t| t.name.clone());
+    match tenant {
+        Some(tenant) => {
+            request.extensions_mut().insert(AuthenticatedTenant(tenant));
+            next.run(request).await
+        }
+        None => {
+            state.runner.metrics().rejected("unauthorized");
+            let mut response = error_response(
+                StatusCode::UNAUTHORIZED,
+                ErrorKind::PolicyDenied,
+                "a valid bearer token is required (Authorization: Bearer <token>)",
+            );
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+    }
+}
+
+/// `stream=true|false` from the query string; other query parameters are ignored.
+fn stream_param(query: Option<&str>) -> Result<bool, String> {
+    let mut stream = false;
+    for pair in query.unwrap_or("").split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name == "stream" {
+            stream = match value {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                other => return Err(format!("stream={other:?}: expected true or false")),
+            };
+        }
+    }
+    Ok(stream)
+}
+
+/// Reads the body within the size and time bounds.
+async fn read_body(state: &AppState, request: Request) -> Result<Bytes, Response> {
+    let too_large = || {
+        let mut response = error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::InvalidInput,
+            format!(
+                "the request body is larger than this server's limit of {} bytes",
+                state.max_body_bytes
+            ),
+        );
+        // The rest of the body is not read: the connection cannot be reused.
+        response
+            .headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        state.runner.metrics().rejected("body_too_large");
+        response
+    };
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.max_body_bytes as u64) {
+        return Err(too_large());
+    }
+    let body = Limited::new(request.into_body(), state.max_body_bytes);
+    match tokio::time::timeout(state.body_timeout, body.collect()).await {
+        Err(_) => {
+            state.runner.metrics().rejected("body_timeout");
+            let mut response = error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorKind::InvalidInput,
+                format!(
+                    "the request body did not arrive within {} s",
+                    state.body_timeout.as_secs_f64()
+                ),
+            );
+            response
+                .headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            Err(response)
+        }
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(e)) => Err(error_response(
+            StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidInput,
+            format!("read the request body: {e}"),
+        )),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+/// `POST /v1/runs`.
+async fn post_run(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    request: Request,
+) -> Response {
+    let tenant = tenant.map(|Extension(t)| t.0);
+    let stream = match stream_param(request.uri().query()) {
+        Ok(stream) => stream,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
+        }
+    };
+    // The body is parsed as JSON whatever its Content-Type says: `curl -d` and Python's
+    // urllib send form types by default, and a wrong label is no reason to refuse.
+    let body = match read_body(&state, request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let job = match serde_json::from_slice::<RunRequest>(&body)
+        .map_err(|e| format!("the body is not a valid run request: {e}"))
+        .and_then(|r| r.into_job().map_err(|(_, message)| message))
+    {
+        Ok(job) => job,
+        Err(message) => {
+            state.runner.metrics().rejected("bad_request");
+            return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
+        }
+    };
+    // A request the policy refuses is answered (and audited) without taking a slot.
+    if let Some(refused) = state.runner.refuse_early(tenant.as_deref(), &job).await {
+        let status = observation_status(&refused.observation, *state.phase.borrow());
+        return json_response(status, to_json(&refused.observation));
+    }
+    let admitted = match state.runner.admit(tenant.as_deref()).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal_response(&state, refusal),
+    };
+    if stream {
+        return stream_run(&state, admitted, job);
+    }
+    let result = admitted.run(job, None).await;
+    let observation = result.observation;
+    let status = observation_status(&observation, *state.phase.borrow());
+    tracing::info!(tenant = tenant.as_deref().unwrap_or("-"), job_id = %observation.job_id,
+        outcome = observation.outcome.as_str(), status = status.as_u16(), "run");
+    json_response(status, to_json(&observation))
+}
+
+fn chunk_event(event: &OutputEvent) -> Event {
+    let stream = match event.stream {
+        airlock_core::StreamKind::Stdout => "stdout",
+        airlock_core::StreamKind::Stderr => "stderr",
+    };
+    Event::default().event(stream).data(
+        String::from_utf8(to_json(&OutputChunk {
+            text: event.text.clone(),
+        }))
+        .unwrap_or_default(),
+    )
+}
+
+/// Runs an admitted job, answering with server-sent events: output chunks, then the
+/// observation. A client that goes away kills the job.
+fn stream_run(state: &AppState, admitted: crate::runner::Admitted, job: JobRequest) -> Response {
+    let (tx, rx) = mpsc::channel::<Event>(SSE_BUFFER_EVENTS);
+    let chunk_tx = tx.clone();
+    let gap = Arc::new(AtomicBool::new(false));
+    let sink: OutputSink = Arc::new(move |event: OutputEvent| {
+        // Never block the job on a slow client: once a chunk does not fit, stop streaming
+        // chunks (the client still gets an in-order prefix, and the full observation).
+        if gap.load(Ordering::Relaxed) {
+            return;
+        }
+        if chunk_tx.try_send(chunk_event(&event)).is_err() {
+            gap.store(true, Ordering::Relaxed);
+        }
+    });
+    let closed = tx.clone();
+    let phase = state.phase.clone();
+    state.tasks.spawn(async move {
+        tokio::select! {
+            result = admitted.run(job, Some(sink)) => {
+                let observation = result.observation;
+                tracing::info!(job_id = %observation.job_id, outcome = observation.outcome.as_str(),
+                    status = observation_status(&observation, *phase.borrow()).as_u16(), "run (streamed)");
+                let event = Event::default()
+                    .event("observation")
+                    .data(String::from_utf8(to_json(&observation)).unwrap_or_default());
+                let _ = tx.send(event).await;
+            }
+            // Dropping the job's future kills it and removes its sandbox.
+            _ = closed.closed() => tracing::info!("streaming client went away; job killed"),
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<Event, Infallible>);
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
+        .into_response()
+}
+
+/// `GET /v1/health`.
+async fn get_health(State(state): State<AppState>) -> Response {
+    let phase = *state.phase.borrow();
+    let admission = state.runner.admission();
+    let health = Health {
+        status: if phase == Phase::Serving {
+            "ok"
+        } else {
+            "draining"
+        }
+        .to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        jobs_in_flight: state.runner.in_flight() as u64,
+        queue_depth: state.runner.queued() as u64,
+        max_in_flight: admission.max_in_flight as u64,
+        max_queue: admission.queue as u64,
+    };
+    let status = if phase == Phase::Serving {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(status, to_json(&health))
+}
+
+/// `GET /metrics`.
+async fn get_metrics(State(state): State<AppState>) -> Response {
+    let mut response = state.runner.metrics().render().into_response();
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+/// `GET /v1/openapi.json`.
+async fn get_openapi(State(state): State<AppState>) -> Response {
+    json_response(StatusCode::OK, state.openapi.to_vec())
+}
+
+/// `GET /v1/tool-schema`.
+async fn get_tool_schema(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+) -> Response {
+    let tenant = tenant.map(|Extension(t)| t.0);
+    let policy = state.runner.policy(tenant.as_deref());
+    json_response(
+        StatusCode::OK,
+        to_json(&airlock_mcp::tool::function_schema(&policy)),
+    )
+}
+
+async fn not_found() -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        ErrorKind::InvalidInput,
+        "no such endpoint (see /v1/openapi.json)",
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        ErrorKind::InvalidInput,
+        "method not allowed on this endpoint (see /v1/openapi.json)",
+    )
+}
+
+/// The router: the API, `/mcp`, and the layers every request goes through.
+pub fn router(state: AppState, mcp_cancel: CancellationToken, loopback_only: bool) -> Router {
+    let executor: Arc<dyn airlock_mcp::Executor> = state.runner.clone();
+    let mut mcp_config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_cancellation_token(mcp_cancel)
+        .with_max_request_body_bytes(state.max_body_bytes);
+    if !loopback_only {
+        // Host checks guard unauthenticated local servers against DNS rebinding; with
+        // tokens required, a browser cannot call in anyway, and real host names must work.
+        mcp_config = mcp_config.disable_allowed_hosts();
+    }
+    let mcp = StreamableHttpService::new(
+        move || Ok(RunCodeServer::new(executor.clone())),
+        Arc::new(NeverSessionManager::default()),
+        mcp_config,
+    );
+    let protected = Router::new()
+        .route("/v1/runs", post(post_run))
+        .route("/v1/tool-schema", get(get_tool_schema))
+        .route("/metrics", get(get_metrics))
+        .route_service("/mcp", mcp)
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ));
+    let public = Router::new()
+        .route("/v1/health", get(get_health))
+        .route("/v1/openapi.json", get(get_openapi));
+    protected
+        .merge(public)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(
+                    tower_http::trace::DefaultMakeSpan::new().level(tracing::Level::INFO),
+                )
+                .on_response(
+                    tower_http::trace::DefaultOnResponse::new().level(tracing::Level::INFO),
+                ),
+        )
+        // Outermost: whatever logs a request sees Authorization as "Sensitive".
+        .layer(
+            tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new(std::iter::once(
+                AUTHORIZATION,
+            )),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_parameter() {
+        assert_eq!(stream_param(None), Ok(false));
+        assert_eq!(stream_param(Some("stream=true")), Ok(true));
+        assert_eq!(stream_param(Some("x=1&stream=1")), Ok(true));
+        assert_eq!(stream_param(Some("stream=false")), Ok(false));
+        assert!(stream_param(Some("stream=yes")).is_err());
+    }
+}

@@ -1,0 +1,209 @@
+//! Prometheus metrics: one explicit registry, a small fixed set of series. Labels are
+//! closed sets (outcome, backend, stream, reason); never tenants' tokens, never job data.
+
+use std::sync::atomic::AtomicI64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use airlock_core::Observation;
+
+/// `outcome` and `backend` of a finished job.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    /// `exited`, `timeout`, ... `error`.
+    pub outcome: String,
+    /// `native`, ...
+    pub backend: String,
+}
+
+/// `stream` of output bytes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    /// `stdout` or `stderr`.
+    pub stream: String,
+}
+
+/// Why a request was turned away before it ran.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// `queue_full`, `shutting_down`, `unauthorized`, `body_too_large`, `bad_request`.
+    pub reason: String,
+}
+
+/// The server's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    jobs: Family<JobLabels, Counter>,
+    duration: Histogram,
+    queue_wait: Histogram,
+    in_flight: Gauge<i64, AtomicI64>,
+    queue_depth: Gauge<i64, AtomicI64>,
+    output_bytes: Family<StreamLabels, Counter>,
+    redactions: Counter,
+    rejected: Family<RejectLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every series registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("airlock");
+        let jobs = Family::<JobLabels, Counter>::default();
+        // 5 ms .. ~82 s.
+        let duration = Histogram::new(exponential_buckets(0.005, 2.0, 15));
+        // 1 ms .. ~33 s.
+        let queue_wait = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let in_flight = Gauge::<i64, AtomicI64>::default();
+        let queue_depth = Gauge::<i64, AtomicI64>::default();
+        let output_bytes = Family::<StreamLabels, Counter>::default();
+        let redactions = Counter::default();
+        let rejected = Family::<RejectLabels, Counter>::default();
+        registry.register(
+            "jobs",
+            "Jobs finished, by outcome and backend (refused ones as outcome error)",
+            jobs.clone(),
+        );
+        registry.register(
+            "job_duration_seconds",
+            "Time from a job's start (after the queue) to its observation, teardown included",
+            duration.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "Time jobs waited for a slot",
+            queue_wait.clone(),
+        );
+        registry.register("jobs_in_flight", "Jobs running now", in_flight.clone());
+        registry.register(
+            "queue_depth",
+            "Jobs waiting for a slot now",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "output_bytes",
+            "Bytes jobs wrote, by stream (all of it, kept or not)",
+            output_bytes.clone(),
+        );
+        registry.register(
+            "redactions",
+            "Secret-shaped strings replaced in job output",
+            redactions.clone(),
+        );
+        registry.register(
+            "requests_rejected",
+            "Requests turned away before running, by reason",
+            rejected.clone(),
+        );
+        Self {
+            registry,
+            jobs,
+            duration,
+            queue_wait,
+            in_flight,
+            queue_depth,
+            output_bytes,
+            redactions,
+            rejected,
+        }
+    }
+
+    /// Records a finished job.
+    pub fn job_finished(&self, observation: &Observation, seconds: f64) {
+        self.jobs
+            .get_or_create(&JobLabels {
+                outcome: observation.outcome.as_str().to_owned(),
+                backend: observation.backend.as_str().to_owned(),
+            })
+            .inc();
+        self.duration.observe(seconds);
+        for (stream, bytes) in [
+            ("stdout", observation.stdout_bytes),
+            ("stderr", observation.stderr_bytes),
+        ] {
+            self.output_bytes
+                .get_or_create(&StreamLabels {
+                    stream: stream.to_owned(),
+                })
+                .inc_by(bytes);
+        }
+        self.redactions.inc_by(observation.redactions);
+    }
+
+    /// Records how long a job waited for its slot.
+    pub fn waited(&self, seconds: f64) {
+        self.queue_wait.observe(seconds);
+    }
+
+    /// The jobs-in-flight gauge.
+    pub fn in_flight(&self) -> &Gauge<i64, AtomicI64> {
+        &self.in_flight
+    }
+
+    /// The queue-depth gauge.
+    pub fn queue_depth(&self) -> &Gauge<i64, AtomicI64> {
+        &self.queue_depth
+    }
+
+    /// Records a request turned away.
+    pub fn rejected(&self, reason: &str) {
+        self.rejected
+            .get_or_create(&RejectLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::error!(error = %e, "encode metrics");
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::{BackendKind, ErrorKind, JobId};
+
+    #[test]
+    fn render_has_every_series() {
+        let metrics = Metrics::new();
+        let obs = Observation::error(
+            JobId::generate(),
+            BackendKind::Native,
+            "v",
+            ErrorKind::PolicyDenied,
+            "no",
+        );
+        metrics.job_finished(&obs, 0.01);
+        metrics.waited(0.002);
+        metrics.rejected("queue_full");
+        let text = metrics.render();
+        for needle in [
+            "airlock_jobs_total{outcome=\"error\",backend=\"native\"} 1",
+            "airlock_job_duration_seconds_bucket",
+            "airlock_queue_wait_seconds_count 1",
+            "airlock_jobs_in_flight 0",
+            "airlock_queue_depth 0",
+            "airlock_output_bytes_total{stream=\"stdout\"} 0",
+            "airlock_redactions_total 0",
+            "airlock_requests_rejected_total{reason=\"queue_full\"} 1",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+    }
+}

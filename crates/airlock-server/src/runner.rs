@@ -1,0 +1,603 @@
+//! Admission and execution: a fixed number of jobs in flight, a bounded queue, per-tenant
+//! limits, one engine per distinct policy, and the shutdown phases that first refuse
+//! queued jobs and then kill running ones.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use airlock_core::{
+    Backend, BackendError, BackendKind, BoxFuture, ErrorKind, JobRequest, JobResult, Observation,
+    Policy,
+};
+use airlock_engine::{AuditLog, Engine, LoadedPolicy, OutputSink};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use crate::auth::TenantConfig;
+use crate::error::ServerError;
+use crate::metrics::Metrics;
+
+/// A job may run this much longer than its policy's wall-time ceiling (sandbox setup and
+/// teardown) before the server kills it anyway.
+pub const JOB_DEADLINE_SLACK: Duration = Duration::from_secs(30);
+
+/// Where the server is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Taking jobs.
+    Serving,
+    /// Shutting down: no new or queued job starts; running ones may finish.
+    Draining,
+    /// Shutting down, the grace period is over: running jobs are killed.
+    Killing,
+}
+
+/// Why a job was not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The queue is full.
+    QueueFull,
+    /// The job waited longer than the queue allows.
+    QueueTimeout,
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+impl Refusal {
+    /// A short name (metrics label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::QueueFull => "queue_full",
+            Refusal::QueueTimeout => "queue_timeout",
+            Refusal::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// For a human.
+    pub fn message(self) -> &'static str {
+        match self {
+            Refusal::QueueFull => "every job slot is busy and the queue is full; retry later",
+            Refusal::QueueTimeout => "the job waited too long for a slot; retry later",
+            Refusal::ShuttingDown => "airlock is shutting down",
+        }
+    }
+}
+
+/// Sizes of the admission control.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Jobs running at once.
+    pub max_in_flight: usize,
+    /// Jobs waiting for a slot.
+    pub queue: usize,
+    /// Longest wait for a slot.
+    pub queue_wait_max: Duration,
+}
+
+/// A policy and the engine that runs jobs under it.
+struct PolicyEngine {
+    engine: Engine,
+    policy: Arc<Policy>,
+}
+
+struct TenantState {
+    engine: Arc<PolicyEngine>,
+    limit: Option<Arc<Semaphore>>,
+}
+
+/// Makes the backend for a policy.
+pub type BackendFactory =
+    dyn Fn(&LoadedPolicy) -> Result<Arc<dyn Backend>, BackendError> + Send + Sync;
+
+/// The native backend for a policy, with this binary as its sandbox init.
+pub fn native_backend(loaded: &LoadedPolicy) -> Result<Arc<dyn Backend>, BackendError> {
+    let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
+    let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
+    let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
+    Ok(Arc::new(backend))
+}
+
+/// Runs jobs for the HTTP API and the MCP tool.
+pub struct Runner {
+    default: Arc<PolicyEngine>,
+    tenants: HashMap<String, TenantState>,
+    slots: Arc<Semaphore>,
+    admission: Admission,
+    queued: AtomicUsize,
+    in_flight: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+    phase: watch::Receiver<Phase>,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("admission", &self.admission)
+            .field("tenants", &self.tenants.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn build_engine(
+    loaded: LoadedPolicy,
+    backends: &BackendFactory,
+) -> Result<PolicyEngine, ServerError> {
+    let audit = AuditLog::open(&loaded.audit_path(), loaded.policy.audit.fsync)
+        .map_err(ServerError::OpenAudit)?;
+    let backend = backends(&loaded);
+    if let Err(e) = &backend {
+        tracing::error!(policy = %loaded.origin(), kind = %e.kind, error = %e.message,
+            "backend unavailable: jobs under this policy will fail with backend_unavailable");
+    }
+    let policy = Arc::new(loaded.policy.clone());
+    Ok(PolicyEngine {
+        engine: Engine::new(loaded.policy, BackendKind::Native, backend, audit),
+        policy,
+    })
+}
+
+impl Runner {
+    /// Builds one engine per distinct policy: the server's, and each tenant's own.
+    pub fn new(
+        default_policy: LoadedPolicy,
+        tenants: &[TenantConfig],
+        admission: Admission,
+        metrics: Arc<Metrics>,
+        phase: watch::Receiver<Phase>,
+        backends: &BackendFactory,
+    ) -> Result<Self, ServerError> {
+        let default = Arc::new(build_engine(default_policy, backends)?);
+        let mut by_path: HashMap<PathBuf, Arc<PolicyEngine>> = HashMap::new();
+        let mut states = HashMap::new();
+        for tenant in tenants {
+            let engine = match &tenant.policy {
+                None => default.clone(),
+                Some(path) => {
+                    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                    match by_path.get(&key) {
+                        Some(engine) => engine.clone(),
+                        None => {
+                            let loaded =
+                                LoadedPolicy::from_file(path).map_err(ServerError::LoadPolicy)?;
+                            let engine = Arc::new(build_engine(loaded, backends)?);
+                            by_path.insert(key, engine.clone());
+                            engine
+                        }
+                    }
+                }
+            };
+            states.insert(
+                tenant.name.clone(),
+                TenantState {
+                    engine,
+                    limit: tenant.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+                },
+            );
+        }
+        Ok(Self {
+            default,
+            tenants: states,
+            slots: Arc::new(Semaphore::new(admission.max_in_flight.max(1))),
+            admission,
+            queued: AtomicUsize::new(0),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            metrics,
+            phase,
+        })
+    }
+
+    /// The sizes of admission control.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// Jobs running now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Jobs waiting now.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn state(&self, tenant: Option<&str>) -> (&Arc<PolicyEngine>, Option<&Arc<Semaphore>>) {
+        match tenant.and_then(|t| self.tenants.get(t)) {
+            Some(state) => (&state.engine, state.limit.as_ref()),
+            None => (&self.default, None),
+        }
+    }
+
+    /// The policy jobs of `tenant` run under.
+    pub fn policy(&self, tenant: Option<&str>) -> Arc<Policy> {
+        self.state(tenant).0.policy.clone()
+    }
+
+    fn phase(&self) -> Phase {
+        *self.phase.borrow()
+    }
+
+    /// Waits for a job slot (and the tenant's own), in the bounded queue when none is free.
+    pub async fn admit(&self, tenant: Option<&str>) -> Result<Admitted, Refusal> {
+        let result = self.admit_inner(tenant).await;
+        if let Err(refusal) = &result {
+            self.metrics.rejected(refusal.as_str());
+        }
+        result
+    }
+
+    async fn admit_inner(&self, tenant: Option<&str>) -> Result<Admitted, Refusal> {
+        if self.phase() != Phase::Serving {
+            return Err(Refusal::ShuttingDown);
+        }
+        let (engine, limit) = self.state(tenant);
+        let started = Instant::now();
+        let permits = match self.try_permits(limit) {
+            Some(permits) => permits,
+            None => {
+                let _queued = self.enter_queue()?;
+                let wait = async {
+                    let tenant_permit = match limit {
+                        Some(sem) => Some(sem.clone().acquire_owned().await),
+                        None => None,
+                    };
+                    let slot = self.slots.clone().acquire_owned().await;
+                    (tenant_permit, slot)
+                };
+                let mut phase = self.phase.clone();
+                tokio::select! {
+                    (tenant_permit, slot) = wait => match (tenant_permit.transpose(), slot) {
+                        (Ok(t), Ok(s)) => (t, s),
+                        _ => return Err(Refusal::ShuttingDown),
+                    },
+                    _ = phase.wait_for(|p| *p != Phase::Serving) => return Err(Refusal::ShuttingDown),
+                    _ = tokio::time::sleep(self.admission.queue_wait_max) => return Err(Refusal::QueueTimeout),
+                }
+            }
+        };
+        self.metrics.waited(started.elapsed().as_secs_f64());
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.metrics.in_flight().inc();
+        Ok(Admitted {
+            in_flight: self.in_flight.clone(),
+            metrics: self.metrics.clone(),
+            phase: self.phase.clone(),
+            engine: engine.clone(),
+            tenant: tenant.map(str::to_owned),
+            _permits: permits,
+        })
+    }
+
+    fn try_permits(
+        &self,
+        limit: Option<&Arc<Semaphore>>,
+    ) -> Option<(Option<OwnedSemaphorePermit>, OwnedSemaphorePermit)> {
+        let tenant_permit = match limit {
+            Some(sem) => Some(sem.clone().try_acquire_owned().ok()?),
+            None => None,
+        };
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        Some((tenant_permit, slot))
+    }
+
+    fn enter_queue(&self) -> Result<QueueGuard<'_>, Refusal> {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.admission.queue).then_some(n + 1)
+            })
+            .map_err(|_| Refusal::QueueFull)?;
+        self.metrics.queue_depth().inc();
+        Ok(QueueGuard { runner: self })
+    }
+
+    /// When the policy refuses `request` outright, its (audited) error observation,
+    /// produced without taking a slot; `None` when it must be admitted and run.
+    pub async fn refuse_early(
+        &self,
+        tenant: Option<&str>,
+        request: &JobRequest,
+    ) -> Option<JobResult> {
+        let (engine, _) = self.state(tenant);
+        if request.clone().resolve(&engine.policy).is_ok() {
+            return None;
+        }
+        let result = engine
+            .engine
+            .run_until(
+                request.clone(),
+                tenant.map(str::to_owned),
+                std::future::pending(),
+                None,
+            )
+            .await;
+        self.metrics.job_finished(&result.observation, 0.0);
+        Some(result)
+    }
+
+    /// Admits and runs one job.
+    pub async fn run(
+        &self,
+        tenant: Option<&str>,
+        request: JobRequest,
+        sink: Option<OutputSink>,
+    ) -> Result<JobResult, Refusal> {
+        Ok(self.admit(tenant).await?.run(request, sink).await)
+    }
+}
+
+struct QueueGuard<'a> {
+    runner: &'a Runner,
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        self.runner.queued.fetch_sub(1, Ordering::AcqRel);
+        self.runner.metrics.queue_depth().dec();
+    }
+}
+
+/// A job that holds its slots. Dropping it (unused, or mid-run) releases them.
+pub struct Admitted {
+    in_flight: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+    phase: watch::Receiver<Phase>,
+    engine: Arc<PolicyEngine>,
+    tenant: Option<String>,
+    _permits: (Option<OwnedSemaphorePermit>, OwnedSemaphorePermit),
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.metrics.in_flight().dec();
+    }
+}
+
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("tenant", &self.tenant)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admitted {
+    /// The policy the job runs under.
+    pub fn policy(&self) -> &Policy {
+        &self.engine.policy
+    }
+
+    /// Runs the job. It is killed (and its sandbox removed) when the server reaches
+    /// [`Phase::Killing`], or when it outlives its policy's ceiling by
+    /// [`JOB_DEADLINE_SLACK`].
+    pub async fn run(self, request: JobRequest, sink: Option<OutputSink>) -> JobResult {
+        let deadline = self.engine.policy.limits.timeout + JOB_DEADLINE_SLACK;
+        let mut phase = self.phase.clone();
+        let interrupt = async move {
+            tokio::select! {
+                _ = phase.wait_for(|p| *p == Phase::Killing) => "server shutdown".to_owned(),
+                _ = tokio::time::sleep(deadline) => "the server's deadline for the job".to_owned(),
+            }
+        };
+        let started = Instant::now();
+        let result = self
+            .engine
+            .engine
+            .run_until(request, self.tenant.clone(), interrupt, sink)
+            .await;
+        self.metrics
+            .job_finished(&result.observation, started.elapsed().as_secs_f64());
+        result
+    }
+}
+
+/// A refusal as the error observation the MCP tool returns.
+pub fn refusal_observation(refusal: Refusal, policy_version: &str) -> Observation {
+    airlock_engine::early_error(
+        ErrorKind::BackendUnavailable,
+        refusal.message(),
+        policy_version,
+    )
+}
+
+impl airlock_mcp::Executor for Runner {
+    fn policy(&self, tenant: Option<&str>) -> Arc<Policy> {
+        Runner::policy(self, tenant)
+    }
+
+    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, Observation> {
+        Box::pin(async move {
+            match Runner::run(self, tenant.as_deref(), request, None).await {
+                Ok(result) => result.observation,
+                Err(refusal) => {
+                    refusal_observation(refusal, &Runner::policy(self, tenant.as_deref()).version)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::{Capabilities, JobSpec, RunReport};
+
+    /// A backend whose jobs take `delay` and exit 0.
+    struct Sleepy {
+        delay: Duration,
+    }
+
+    impl Backend for Sleepy {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Native
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                backend: BackendKind::Native,
+                network_proxy: false,
+                out_dir: false,
+                image_rootfs: false,
+            }
+        }
+        fn run<'a>(
+            &'a self,
+            _job: &'a JobSpec,
+            _tap: Option<airlock_core::OutputTap>,
+        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.delay).await;
+                Ok(RunReport {
+                    termination: airlock_core::Termination::Exited(0),
+                    limit_hit: None,
+                    oom_kills: 0,
+                    stdout: Default::default(),
+                    stderr: Default::default(),
+                    duration: self.delay,
+                    setup: Duration::ZERO,
+                    cpu_time: None,
+                    peak_memory_bytes: None,
+                    image_digest: None,
+                    degraded: Vec::new(),
+                    out_files: Vec::new(),
+                    out_rejected: Vec::new(),
+                })
+            })
+        }
+    }
+
+    fn runner(
+        dir: &std::path::Path,
+        admission: Admission,
+        tenants: &[TenantConfig],
+    ) -> (Arc<Runner>, watch::Sender<Phase>) {
+        let mut policy = LoadedPolicy::builtin();
+        policy.policy.audit.path = dir.join("audit.jsonl");
+        let (tx, rx) = watch::channel(Phase::Serving);
+        let factory = |_: &LoadedPolicy| -> Result<Arc<dyn Backend>, BackendError> {
+            Ok(Arc::new(Sleepy {
+                delay: Duration::from_millis(200),
+            }))
+        };
+        let runner = Runner::new(
+            policy,
+            tenants,
+            admission,
+            Arc::new(Metrics::new()),
+            rx,
+            &factory,
+        )
+        .unwrap();
+        (Arc::new(runner), tx)
+    }
+
+    fn job() -> JobRequest {
+        JobRequest {
+            language: "python".into(),
+            source: b"pass".to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_burst_beyond_slots_and_queue_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runner, _tx) = runner(
+            dir.path(),
+            Admission {
+                max_in_flight: 2,
+                queue: 3,
+                queue_wait_max: Duration::from_secs(30),
+            },
+            &[],
+        );
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let runner = runner.clone();
+            tasks.push(tokio::spawn(
+                async move { runner.run(None, job(), None).await },
+            ));
+        }
+        let mut ran = 0;
+        let mut full = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(result) => {
+                    assert!(result.observation.ok);
+                    ran += 1;
+                }
+                Err(Refusal::QueueFull) => full += 1,
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((ran, full), (5, 3));
+        assert_eq!(runner.queued(), 0);
+        assert_eq!(runner.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_limit_serialises_its_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let tenants = [TenantConfig {
+            name: "t".into(),
+            policy: None,
+            max_in_flight: Some(1),
+        }];
+        let (runner, _tx) = runner(
+            dir.path(),
+            Admission {
+                max_in_flight: 4,
+                queue: 10,
+                queue_wait_max: Duration::from_secs(30),
+            },
+            &tenants,
+        );
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let runner = runner.clone();
+            tasks.push(tokio::spawn(async move {
+                runner.run(Some("t"), job(), None).await
+            }));
+        }
+        for task in tasks {
+            assert!(task.await.unwrap().unwrap().observation.ok);
+        }
+        assert!(started.elapsed() >= Duration::from_millis(600));
+        let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+        assert_eq!(log.matches("\"tenant\":\"t\"").count(), 3);
+    }
+
+    #[tokio::test]
+    async fn draining_refuses_queued_jobs_and_killing_interrupts_running_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runner, tx) = runner(
+            dir.path(),
+            Admission {
+                max_in_flight: 1,
+                queue: 5,
+                queue_wait_max: Duration::from_secs(30),
+            },
+            &[],
+        );
+        let admitted = runner.admit(None).await.unwrap();
+        let queued = {
+            let runner = runner.clone();
+            tokio::spawn(async move { runner.admit(None).await.map(|_| ()) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(runner.queued(), 1);
+        tx.send(Phase::Draining).unwrap();
+        assert_eq!(queued.await.unwrap(), Err(Refusal::ShuttingDown));
+        let running = admitted.run(job(), None);
+        tx.send(Phase::Killing).unwrap();
+        let obs = running.await.observation;
+        assert_eq!(obs.error.unwrap().kind, ErrorKind::Internal);
+    }
+}
