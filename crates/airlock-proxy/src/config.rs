@@ -87,7 +87,8 @@ impl ProxyConfig {
                 ));
             }
             if let Some(other) = secrets.iter().find(|s| {
-                s.placeholder.contains(&spec.placeholder) || spec.placeholder.contains(&s.placeholder)
+                s.placeholder.contains(&spec.placeholder)
+                    || spec.placeholder.contains(&s.placeholder)
             }) {
                 return Err(bad(format!(
                     "the placeholder overlaps the placeholder for {}",
@@ -349,7 +350,8 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, ProxyError::CheckSecretValue { .. }));
         assert!(!err.to_string().contains("Injected"), "{err}");
-        net.secrets.push(secret("airlock-placeholder-12", "OTHER", &["b.test"]));
+        net.secrets
+            .push(secret("airlock-placeholder-12", "OTHER", &["b.test"]));
         let err = ProxyConfig::from_policy(&net, &[], |_| Some("v".into())).unwrap_err();
         assert!(matches!(err, ProxyError::ParseSecret { .. }), "{err}");
     }

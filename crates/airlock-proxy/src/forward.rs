@@ -10,10 +10,10 @@
 
 use std::sync::Arc;
 
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode, Uri, Version};
-use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 

@@ -62,13 +62,13 @@ impl fmt::Display for BlockedRange {
 pub const BLOCKED_V4: &[BlockedRange] = &[
     BlockedRange::v4([0, 0, 0, 0], 8, "\"this network\", RFC 1122"),
     BlockedRange::v4([10, 0, 0, 0], 8, "private, RFC 1918"),
-    BlockedRange::v4([100, 64, 0, 0], 10, "shared address space / CGNAT, RFC 6598"),
-    BlockedRange::v4([127, 0, 0, 0], 8, "loopback"),
     BlockedRange::v4(
-        [169, 254, 0, 0],
-        16,
-        "link-local, cloud metadata, RFC 3927",
+        [100, 64, 0, 0],
+        10,
+        "shared address space / CGNAT, RFC 6598",
     ),
+    BlockedRange::v4([127, 0, 0, 0], 8, "loopback"),
+    BlockedRange::v4([169, 254, 0, 0], 16, "link-local, cloud metadata, RFC 3927"),
     BlockedRange::v4([172, 16, 0, 0], 12, "private, RFC 1918"),
     BlockedRange::v4([192, 0, 0, 0], 24, "IETF protocol assignments, RFC 6890"),
     BlockedRange::v4([192, 0, 2, 0], 24, "documentation TEST-NET-1, RFC 5737"),
@@ -78,11 +78,7 @@ pub const BLOCKED_V4: &[BlockedRange] = &[
     BlockedRange::v4([198, 51, 100, 0], 24, "documentation TEST-NET-2, RFC 5737"),
     BlockedRange::v4([203, 0, 113, 0], 24, "documentation TEST-NET-3, RFC 5737"),
     BlockedRange::v4([224, 0, 0, 0], 4, "multicast"),
-    BlockedRange::v4(
-        [240, 0, 0, 0],
-        4,
-        "reserved, and 255.255.255.255 broadcast",
-    ),
+    BlockedRange::v4([240, 0, 0, 0], 4, "reserved, and 255.255.255.255 broadcast"),
 ];
 
 /// Refused IPv6 ranges, named; anything outside [`GLOBAL_UNICAST_V6`] is refused as well.
@@ -94,14 +90,22 @@ pub const BLOCKED_V6: &[BlockedRange] = &[
         96,
         "IPv4-compatible, deprecated, RFC 4291",
     ),
-    BlockedRange::v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48, "local-use NAT64, RFC 8215"),
+    BlockedRange::v6(
+        [0x64, 0xff9b, 1, 0, 0, 0, 0, 0],
+        48,
+        "local-use NAT64, RFC 8215",
+    ),
     BlockedRange::v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64, "discard-only, RFC 6666"),
     BlockedRange::v6(
         [0x2001, 0, 0, 0, 0, 0, 0, 0],
         23,
         "IETF protocol assignments: Teredo, benchmarking, ORCHID, RFC 6890",
     ),
-    BlockedRange::v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32, "documentation, RFC 3849"),
+    BlockedRange::v6(
+        [0x2001, 0xdb8, 0, 0, 0, 0, 0, 0],
+        32,
+        "documentation, RFC 3849",
+    ),
     BlockedRange::v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, "documentation, RFC 9637"),
     BlockedRange::v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, "unique local, RFC 4193"),
     BlockedRange::v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10, "link-local"),
@@ -243,7 +247,9 @@ impl AllowedRanges {
     /// True when the canonical form of `ip` lies in one of the ranges.
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = canonical_ip(ip);
-        self.0.iter().any(|(net, len)| cidr_contains(*net, *len, ip))
+        self.0
+            .iter()
+            .any(|(net, len)| cidr_contains(*net, *len, ip))
     }
 
     /// The full decision for one address: `Ok` with the canonical address to connect to,

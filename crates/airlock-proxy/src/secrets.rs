@@ -36,10 +36,8 @@ pub(crate) fn substitute_query(path_and_query: &str, secrets: &[&Secret]) -> Opt
     for secret in secrets {
         let haystack = current.as_deref().unwrap_or(query);
         if haystack.contains(&secret.placeholder) {
-            current = Some(haystack.replace(
-                &secret.placeholder,
-                &percent_encode(secret.value.expose()),
-            ));
+            current =
+                Some(haystack.replace(&secret.placeholder, &percent_encode(secret.value.expose())));
         }
     }
     current.map(|query| format!("{path}?{query}"))

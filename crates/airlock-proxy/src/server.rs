@@ -25,7 +25,7 @@ use crate::error::ProxyError;
 use crate::host::{HostError, TargetHost};
 use crate::meter::Metered;
 use crate::record::{LimitKind, ProxySummary};
-use crate::state::{Activity, InFlight, Shared};
+use crate::state::{Activity, Cut, InFlight, Shared};
 use crate::{forward, tunnel};
 
 /// Largest request line plus headers, in bytes; a larger head gets 431 and a record.
@@ -61,8 +61,8 @@ pub fn spawn(
     listener: std::net::TcpListener,
     config: Arc<ProxyConfig>,
 ) -> Result<ProxyHandle, ProxyError> {
-    let runtime =
-        tokio::runtime::Handle::try_current().map_err(|source| ProxyError::FindRuntime { source })?;
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|source| ProxyError::FindRuntime { source })?;
     let adopt = |source| ProxyError::AdoptListener { source };
     listener.set_nonblocking(true).map_err(adopt)?;
     let listen_addr = listener.local_addr().map_err(adopt)?;
@@ -159,14 +159,18 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 pub(crate) struct ClientCtx {
     pub(crate) shared: Arc<Shared>,
     pub(crate) activity: Arc<Activity>,
+    /// Set when this client connection is cut by a limit.
+    pub(crate) cut: Arc<Cut>,
 }
 
 async fn serve_client(stream: TcpStream, shared: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(Activity::new(shared.epoch()));
+    let cut = Arc::new(Cut::default());
     let ctx = Arc::new(ClientCtx {
         shared: shared.clone(),
         activity: activity.clone(),
+        cut: cut.clone(),
     });
     let io = TokioIo::new(Metered::client(stream, activity.clone()));
     let service = service_fn(move |req| {
@@ -187,7 +191,11 @@ async fn serve_client(stream: TcpStream, shared: Arc<Shared>) {
                 record_protocol_error(&shared, &e);
             }
         }
-        () = activity.idle(idle) => tracing::debug!("idle client connection closed"),
+        // The cut is marked before the connection (and the requests in it) is dropped.
+        () = async {
+            activity.idle(idle).await;
+            cut.set(LimitKind::IdleTimeout);
+        } => tracing::debug!("idle client connection closed"),
         () = shared.stopped() => {}
     }
 }
@@ -200,7 +208,7 @@ fn record_protocol_error(shared: &Arc<Shared>, error: &hyper::Error) {
     if !shared.claim_slot() {
         return;
     }
-    let inflight = InFlight::new(shared.clone(), String::new());
+    let inflight = InFlight::new(shared.clone(), String::new(), None);
     if error.is_parse_too_large() {
         inflight.deny(
             &format!("request head larger than {MAX_REQUEST_HEAD_BYTES} bytes"),
@@ -208,11 +216,7 @@ fn record_protocol_error(shared: &Arc<Shared>, error: &hyper::Error) {
             Some(LimitKind::RequestHeadSize),
         );
     } else {
-        inflight.deny(
-            "malformed request",
-            StatusCode::BAD_REQUEST.as_u16(),
-            None,
-        );
+        inflight.deny("malformed request", StatusCode::BAD_REQUEST.as_u16(), None);
     }
 }
 
@@ -226,7 +230,11 @@ async fn handle(
             &LimitKind::Connections.to_string(),
         ));
     }
-    let inflight = InFlight::new(ctx.shared.clone(), req.method().to_string());
+    let inflight = InFlight::new(
+        ctx.shared.clone(),
+        req.method().to_string(),
+        Some(ctx.cut.clone()),
+    );
     Ok(route(req, &ctx, inflight).await)
 }
 
@@ -409,5 +417,7 @@ pub(crate) fn text_response(status: StatusCode, text: &str) -> Response<ProxyBod
 
 /// An empty body.
 pub(crate) fn empty() -> ProxyBody {
-    Full::new(Bytes::new()).map_err(|never| match never {}).boxed()
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
 }

@@ -150,7 +150,8 @@ impl Shared {
 
     fn push(&self, record: ConnectionRecord) {
         self.bytes_up.fetch_add(record.bytes_up, Ordering::SeqCst);
-        self.bytes_down.fetch_add(record.bytes_down, Ordering::SeqCst);
+        self.bytes_down
+            .fetch_add(record.bytes_down, Ordering::SeqCst);
         lock(&self.records).push(record);
     }
 
@@ -211,13 +212,31 @@ impl Activity {
     pub(crate) async fn idle(&self, timeout: Duration) {
         let timeout_ms = duration_ms(timeout);
         loop {
-            let deadline = self.last_ms.load(Ordering::Relaxed).saturating_add(timeout_ms);
+            let deadline = self
+                .last_ms
+                .load(Ordering::Relaxed)
+                .saturating_add(timeout_ms);
             let now = duration_ms(self.epoch.elapsed());
             if now >= deadline {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(deadline - now)).await;
         }
+    }
+}
+
+/// Set when a client connection is cut by a limit while requests may be in flight, so
+/// that their records name the limit even if their own tasks end quietly.
+#[derive(Debug, Default)]
+pub(crate) struct Cut(Mutex<Option<LimitKind>>);
+
+impl Cut {
+    pub(crate) fn set(&self, limit: LimitKind) {
+        lock(&self.0).get_or_insert(limit);
+    }
+
+    fn get(&self) -> Option<LimitKind> {
+        *lock(&self.0)
     }
 }
 
@@ -229,17 +248,22 @@ pub(crate) struct InFlight {
     record: Mutex<ConnectionRecord>,
     counters: Arc<Counters>,
     finished: AtomicBool,
+    cut: Option<Arc<Cut>>,
+    /// Keeps `shutdown` waiting until this record is written (fields drop after `drop`).
+    _drain: Option<mpsc::Sender<()>>,
 }
 
 impl InFlight {
-    pub(crate) fn new(shared: Arc<Shared>, method: String) -> Arc<Self> {
+    pub(crate) fn new(shared: Arc<Shared>, method: String, cut: Option<Arc<Cut>>) -> Arc<Self> {
         let record = ConnectionRecord::new(method, shared.now_ms());
         Arc::new(Self {
-            shared,
             started: Instant::now(),
             record: Mutex::new(record),
             counters: Arc::new(Counters::default()),
             finished: AtomicBool::new(false),
+            cut,
+            _drain: shared.drain_token(),
+            shared,
         })
     }
 
@@ -312,6 +336,12 @@ impl Drop for InFlight {
             record
                 .error
                 .get_or_insert_with(|| "byte limit reached".to_owned());
+        }
+        if record.error.is_none()
+            && let Some(limit) = self.cut.as_ref().and_then(|cut| cut.get())
+        {
+            record.error = Some(limit.to_string());
+            record.limit.get_or_insert(limit);
         }
         if !self.finished.load(Ordering::SeqCst) && record.error.is_none() {
             record.error = Some(if *self.shared.stop.borrow() {

@@ -1,0 +1,6 @@
+mod allowed;
+mod clients;
+mod common;
+mod limits;
+mod refused;
+mod secrets;
