@@ -10,6 +10,36 @@
 //! It must not: create or enter namespaces, bind sockets (the caller hands it a listening
 //! socket, typically created inside the job's network namespace), read the executor's
 //! environment by itself, write the audit log, decrypt TLS, or print a secret's value.
+//!
+//! # Use
+//!
+//! ```no_run
+//! # async fn run(network: &airlock_core::policy::NetworkPolicy, job_allow: &[String],
+//! #              listener: std::net::TcpListener) -> Result<(), airlock_proxy::ProxyError> {
+//! use std::sync::Arc;
+//! let config = airlock_proxy::ProxyConfig::from_policy(network, job_allow, |name| {
+//!     std::env::var(name).ok()
+//! })?;
+//! // `listener`: bound to 127.0.0.1:PORT inside the job's network namespace, listening,
+//! // received by the supervisor (which runs in the host's namespace) over its handoff
+//! // socket. The proxy accepts on it; its upstream connects come from the supervisor's
+//! // own namespace.
+//! let proxy = airlock_proxy::spawn(listener, Arc::new(config))?;
+//! // ... run the job with HTTP_PROXY=http://127.0.0.1:PORT and friends ...
+//! let summary = proxy.shutdown().await;
+//! for record in &summary.connections {
+//!     // one audit event per record (serde::Serialize), with the job id
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Choices, each documented where it is made: an allowlist entry without a port admits
+//! ports 80 and 443 only ([`DEFAULT_PORTS`]); numeric hosts other than a canonical
+//! dotted quad are refused outright ([`TargetHost`]); a name with some blocked answers is
+//! reached through its allowed answers only, and refused when none is left (`dial`);
+//! placeholders are replaced in header values and the query string of plain-HTTP
+//! requests only (`secrets`); every request or tunnel, allowed or denied, takes one of
+//! `limits.connections`.
 #![forbid(unsafe_code)]
 
 mod config;

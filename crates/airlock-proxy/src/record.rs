@@ -126,3 +126,44 @@ impl ProxySummary {
         (allowed, self.connections.len() - allowed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_serialize_flat_for_the_audit_log() {
+        let mut record = ConnectionRecord::new("CONNECT".to_owned(), 12);
+        record.host = "metadata.test".to_owned();
+        record.port = 443;
+        record.verdict = Verdict::Denied {
+            reason: "169.254.169.254 is in blocked range 169.254.0.0/16".to_owned(),
+        };
+        record.status = Some(403);
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "method": "CONNECT",
+                "host": "metadata.test",
+                "port": 443,
+                "resolved": null,
+                "verdict": "denied",
+                "reason": "169.254.169.254 is in blocked range 169.254.0.0/16",
+                "status": 403,
+                "error": null,
+                "limit": null,
+                "bytes_up": 0,
+                "bytes_down": 0,
+                "started_ms": 12,
+                "duration_ms": 0,
+            })
+        );
+        record.verdict = Verdict::Allowed;
+        record.limit = Some(LimitKind::IdleTimeout);
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["verdict"], "allowed");
+        assert_eq!(json["limit"], "idle_timeout");
+        assert!(json.get("reason").is_none());
+    }
+}

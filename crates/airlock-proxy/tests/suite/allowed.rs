@@ -158,3 +158,72 @@ async fn keep_alive_carries_several_requests_each_recorded() {
     assert_eq!(summary.counts(), (3, 0), "{summary:#?}");
     assert_eq!(summary.upstream_connects, 3);
 }
+
+/// True when `/etc/hosts` maps `localhost`, so resolving it sends no DNS query.
+fn hosts_file_has_localhost() -> bool {
+    std::fs::read_to_string("/etc/hosts").is_ok_and(|hosts| {
+        hosts.lines().any(|line| {
+            let mut fields = line.split('#').next().unwrap_or("").split_whitespace();
+            fields.next().is_some() && fields.any(|name| name == "localhost")
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_system_resolver_pins_localhost_to_an_allowed_address() {
+    airlock_testkit::require!(
+        hosts_file_has_localhost(),
+        "/etc/hosts does not map localhost (resolving it would query DNS)"
+    );
+    let upstream = Upstream::start(Upstream::body("system resolver")).await;
+    let target = entry("localhost", upstream.port());
+    let network = airlock_core::policy::NetworkPolicy {
+        mode: airlock_core::policy::NetworkMode::Proxy,
+        allow: vec![target.clone()],
+        allow_ranges: vec!["127.0.0.1/32".to_owned()],
+        ..Default::default()
+    };
+    let dialled = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = dialled.clone();
+    let config = airlock_proxy::ProxyConfig::from_policy(&network, &network.allow, |_| None)
+        .unwrap()
+        .with_connect_gate(std::sync::Arc::new(move |addr: std::net::SocketAddr| {
+            seen.lock().unwrap().push(addr);
+            addr.ip().is_loopback()
+        }));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let handle = airlock_proxy::spawn(listener, std::sync::Arc::new(config)).unwrap();
+    let answer = get(handle.local_addr(), &format!("http://{target}/"), &[]).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.text(), "system resolver");
+    // ::1, if the resolver gave it, is outside allow_ranges and was never dialled.
+    let dialled = dialled.lock().unwrap().clone();
+    assert_eq!(dialled, vec![upstream.addr]);
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_host_that_refuses_the_connect_gets_502_and_an_allowed_record() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let proxy = Setup::allowing(&[entry("allowed.test", port)]).start();
+    let answer = get(proxy.addr, &format!("http://allowed.test:{port}/"), &[]).await;
+    assert_eq!(answer.status, 502, "{answer:?}");
+    assert!(answer.text().contains("connect failed"), "{answer:?}");
+    let (status, _, _) = connect(proxy.addr, &entry("allowed.test", port)).await;
+    assert_eq!(status, 502);
+    let summary = proxy.settle_and_shutdown(2).await;
+    for record in &summary.connections {
+        assert_eq!(record.verdict, Verdict::Allowed);
+        assert_eq!(record.status, Some(502));
+        assert!(
+            record
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("connect failed")),
+            "{record:?}"
+        );
+    }
+    assert_eq!(summary.upstream_connects, 2);
+}

@@ -1,6 +1,7 @@
 //! Real clients through the proxy: `curl -x` (plain and `-p` tunnelled) and Python's
 //! `urllib` with `HTTP_PROXY`. A client missing from the machine is skipped with a printed
-//! reason, unless `AIRLOCK_REQUIRE_ALL=1` (CI), where that fails the test.
+//! reason (airlock-testkit's `require!`), unless `AIRLOCK_REQUIRE_ALL=1` (CI), where that
+//! fails the test.
 
 use std::process::Output;
 use std::time::Duration;
@@ -21,20 +22,13 @@ const PROXY_VARS: [&str; 8] = [
     "no_proxy",
 ];
 
-/// Whether `program` runs here; prints why a test is skipped when it does not.
+/// Whether `program` runs here.
 async fn available(program: &str) -> bool {
-    let found = Command::new(program)
+    Command::new(program)
         .arg("--version")
         .output()
         .await
-        .is_ok_and(|out| out.status.success());
-    if !found {
-        if std::env::var("AIRLOCK_REQUIRE_ALL").as_deref() == Ok("1") {
-            panic!("{program} is required (AIRLOCK_REQUIRE_ALL=1) but does not run");
-        }
-        println!("skipped: {program} is not installed");
-    }
-    found
+        .is_ok_and(|out| out.status.success())
 }
 
 /// A command for `program` with every proxy variable of this environment removed.
@@ -59,9 +53,7 @@ fn stdout(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reaches_an_allowed_host_and_is_refused_elsewhere() {
-    if !available("curl").await {
-        return;
-    }
+    airlock_testkit::require!(available("curl").await, "curl is not installed");
     let upstream = Upstream::start(Upstream::body("hello from upstream")).await;
     let port = upstream.port();
     let proxy = Setup::allowing(&[entry("allowed.test", port)]).start();
@@ -158,9 +150,7 @@ for url in sys.argv[1:]:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_urllib_follows_http_proxy() {
-    if !available("python3").await {
-        return;
-    }
+    airlock_testkit::require!(available("python3").await, "python3 is not installed");
     let upstream = Upstream::start(Upstream::body("hello python")).await;
     let port = upstream.port();
     let proxy = Setup::allowing(&[entry("allowed.test", port)]).start();
