@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use airlock_core::{Backend, BackendError, BackendKind, ErrorKind};
+use airlock_docker::Flavor;
 
 use crate::LoadedPolicy;
 
@@ -16,11 +17,12 @@ pub fn open(kind: BackendKind, loaded: &LoadedPolicy) -> Result<Arc<dyn Backend>
             let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
             Ok(Arc::new(backend))
         }
-        BackendKind::Docker | BackendKind::Podman | BackendKind::Gvisor | BackendKind::Kube => {
-            Err(BackendError::new(
-                ErrorKind::BackendUnavailable,
-                format!("the {kind} backend is not built yet; use --backend native"),
-            ))
-        }
+        BackendKind::Docker => airlock_docker::backend::open(&loaded.policy, Flavor::Docker),
+        BackendKind::Podman => airlock_docker::backend::open(&loaded.policy, Flavor::Podman),
+        BackendKind::Gvisor => airlock_docker::backend::open(&loaded.policy, Flavor::Gvisor),
+        BackendKind::Kube => Err(BackendError::new(
+            ErrorKind::BackendUnavailable,
+            format!("the {kind} backend is not built yet; use --backend native"),
+        )),
     }
 }

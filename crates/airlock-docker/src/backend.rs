@@ -1,0 +1,558 @@
+//! The backend: checks the image, prepares the job directory (and `/out`), creates,
+//! attaches to and starts the container, reads its output as a bounded stream, enforces
+//! wall time and the output flood, reads how it ended, and removes it.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_core::capture::BoundedCapture;
+use airlock_core::policy::{NetworkMode, Policy, RootfsSpec};
+use airlock_core::{
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
+    RunReport, StreamKind, Termination,
+};
+use airlock_native::jobdir::{JobDir, RuntimeDir};
+use airlock_native::out::OutCaps;
+use airlock_native::plan::IdMapping;
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, KillContainerOptions, WaitContainerOptions,
+};
+use futures_core::Stream;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::OnceCell;
+
+use crate::Flavor;
+use crate::cleanup::{self, ContainerGuard};
+use crate::error::DockerError;
+use crate::image::{self, CheckedImage};
+use crate::outdir::OutMount;
+use crate::spec::{self, ContainerPlan, JOB_UID};
+
+/// Longest time from creating the container to the program's start (gVisor boots a
+/// kernel; a busy daemon queues).
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for the container to stop after it was killed.
+pub const KILL_GRACE: Duration = Duration::from_secs(10);
+/// Longest wait for the output stream to end once the container stopped.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for the daemon's version handshake.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Exit codes above this (up to 128 + 64) mean "killed by signal (code - 128)": the Engine
+/// API reports only an exit code, and runtimes report a signal death as 128 + N.
+pub const SIGNAL_EXIT_BASE: i64 = 128;
+/// The highest signal number.
+pub const SIGNAL_MAX: i64 = 64;
+/// runsc must load the OCI seccomp profile into the sandbox, or the job runs without one.
+pub const GVISOR_SECCOMP_FLAG: &str = "--oci-seccomp";
+
+/// How a backend is set up.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// Docker, Podman or gVisor.
+    pub flavor: Flavor,
+    /// The daemon's unix socket.
+    pub socket: PathBuf,
+    /// The OCI runtime; `None` for the daemon's default.
+    pub runtime: Option<String>,
+    /// Where job directories are created.
+    pub runtime_dir: PathBuf,
+}
+
+impl DockerConfig {
+    /// The configuration a policy asks for.
+    pub fn from_policy(policy: &Policy, flavor: Flavor) -> Self {
+        let docker = &policy.docker;
+        let (socket, runtime) = match flavor {
+            Flavor::Docker => (docker.docker_socket.clone(), Some(docker.runtime.clone())),
+            Flavor::Gvisor => (
+                docker.docker_socket.clone(),
+                Some(docker.gvisor_runtime.clone()),
+            ),
+            Flavor::Podman => (
+                docker.podman_socket.clone(),
+                Some(docker.podman_runtime.clone()).filter(|r| !r.is_empty()),
+            ),
+        };
+        Self {
+            flavor,
+            socket,
+            runtime,
+            runtime_dir: default_runtime_dir(),
+        }
+    }
+}
+
+/// `/run/airlock-docker` as root, else `$XDG_RUNTIME_DIR/airlock-docker` or
+/// `<tmp>/airlock-docker-<uid>`. Never inside the native backend's runtime directory,
+/// whose sweep would take this one for a stale job.
+pub fn default_runtime_dir() -> PathBuf {
+    let euid = rustix::process::geteuid();
+    if euid.is_root() {
+        return PathBuf::from("/run/airlock-docker");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("airlock-docker"),
+        _ => std::env::temp_dir().join(format!("airlock-docker-{}", euid.as_raw())),
+    }
+}
+
+/// The Engine API backend.
+pub struct DockerBackend {
+    config: DockerConfig,
+    runtime_dir: RuntimeDir,
+    boot_id: String,
+    /// Connected, version negotiated, runtime checked, stale containers swept: once.
+    ready: OnceCell<Ready>,
+}
+
+impl std::fmt::Debug for DockerBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerBackend")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Ready {
+    docker: Docker,
+    /// Whether `/out` can be given: airlock is root and the daemon is not rootless, so a
+    /// tmpfs airlock mounts on the host is what the container sees.
+    out_dir: bool,
+}
+
+impl DockerBackend {
+    /// A backend. Nothing is asked of the daemon until the first job (the engine opens
+    /// backends synchronously); the socket must exist now.
+    pub fn new(config: DockerConfig) -> Result<Self, DockerError> {
+        if !config.socket.exists() {
+            return Err(DockerError::Connect {
+                backend: config.flavor.as_str(),
+                socket: config.socket.clone(),
+                source: bollard::errors::Error::SocketNotFoundError(
+                    config.socket.display().to_string(),
+                ),
+            });
+        }
+        let runtime_dir = RuntimeDir::open(&config.runtime_dir).map_err(DockerError::JobDir)?;
+        Ok(Self {
+            config,
+            runtime_dir,
+            boot_id: cleanup::boot_id(),
+            ready: OnceCell::new(),
+        })
+    }
+
+    /// The backend's configuration.
+    pub fn config(&self) -> &DockerConfig {
+        &self.config
+    }
+
+    async fn ready(&self) -> Result<&Ready, DockerError> {
+        self.ready.get_or_try_init(|| self.connect()).await
+    }
+
+    async fn connect(&self) -> Result<Ready, DockerError> {
+        let backend = self.config.flavor.as_str();
+        let socket = self.config.socket.clone();
+        let docker = cleanup::connect(&socket).map_err(|source| DockerError::Connect {
+            backend,
+            socket: socket.clone(),
+            source,
+        })?;
+        let docker = match tokio::time::timeout(CONNECT_TIMEOUT, docker.negotiate_version()).await {
+            Ok(Ok(docker)) => docker,
+            Ok(Err(source)) => {
+                return Err(DockerError::Version {
+                    backend,
+                    socket,
+                    source,
+                });
+            }
+            Err(_) => {
+                return Err(DockerError::Version {
+                    backend,
+                    socket,
+                    source: bollard::errors::Error::RequestTimeoutError,
+                });
+            }
+        };
+        let info = docker.info().await.map_err(|source| DockerError::Version {
+            backend,
+            socket: self.config.socket.clone(),
+            source,
+        })?;
+        if let Some(runtime) = &self.config.runtime {
+            let runtimes = info.runtimes.clone().unwrap_or_default();
+            match runtimes.get(runtime) {
+                None if !runtimes.is_empty() || self.config.flavor != Flavor::Podman => {
+                    let mut available: Vec<&str> = runtimes.keys().map(String::as_str).collect();
+                    available.sort_unstable();
+                    return Err(DockerError::RuntimeMissing {
+                        runtime: runtime.clone(),
+                        available: available.join(", "),
+                        fix: "register it in the daemon's config (daemon.json \"runtimes\") or change [docker] in the policy",
+                    });
+                }
+                Some(registered) if self.config.flavor == Flavor::Gvisor => {
+                    let args = registered.runtime_args.clone().unwrap_or_default();
+                    if !args.iter().any(|a| a == GVISOR_SECCOMP_FLAG) {
+                        return Err(DockerError::RuntimeMissing {
+                            runtime: format!("{runtime} {GVISOR_SECCOMP_FLAG}"),
+                            available: format!("{runtime} with runtimeArgs {args:?}"),
+                            fix: "add \"--oci-seccomp\" to the runtime's runtimeArgs in daemon.json, or jobs would run without a seccomp filter",
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        let rootless = info
+            .security_options
+            .iter()
+            .flatten()
+            .any(|o| o.contains("rootless"));
+        let out_dir = rustix::process::geteuid().is_root() && !rootless;
+        match cleanup::sweep(&docker, &self.runtime_dir).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "swept stale containers of airlock"),
+            Err(e) => tracing::warn!(error = %e, "cannot sweep stale containers"),
+        }
+        Ok(Ready { docker, out_dir })
+    }
+
+    fn check_supported(&self, job: &JobSpec, ready: &Ready) -> Result<(), DockerError> {
+        let backend = self.config.flavor.as_str();
+        if job.network == NetworkMode::Proxy {
+            return Err(DockerError::FeatureUnavailable {
+                backend,
+                feature: "network mode proxy",
+                reason: "the egress proxy is not wired into container backends yet; use network mode none".into(),
+            });
+        }
+        if job.filesystem.out.enabled && !ready.out_dir {
+            return Err(DockerError::FeatureUnavailable {
+                backend,
+                feature: "/out",
+                reason: "it needs airlock running as root next to a rootful daemon, to mount a size-capped tmpfs the container binds; this daemon is rootless or airlock is not root".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs one job and removes its container.
+    pub async fn run_job(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<RunReport, DockerError> {
+        let backend = self.config.flavor.as_str();
+        let (reference, digest) = match &job.filesystem.rootfs {
+            RootfsSpec::Image { reference, digest } => (reference.as_str(), digest.as_str()),
+            other => {
+                return Err(DockerError::NotAnImage {
+                    backend,
+                    rootfs: format!("{other:?}"),
+                });
+            }
+        };
+        let ready = self.ready().await?;
+        self.check_supported(job, ready)?;
+        let image = image::check(&ready.docker, backend, reference, digest).await?;
+
+        // Dropped in reverse: the container first, then /out, then the directory.
+        let ids = IdMapping::Rootless {
+            host_uid: JOB_UID,
+            host_gid: JOB_UID,
+        };
+        let jobdir = JobDir::create(&self.runtime_dir, job, &ids).map_err(DockerError::JobDir)?;
+        let jobdir_path = self.runtime_dir.path().join(job.id.as_str());
+        let out = if job.filesystem.out.enabled {
+            Some(OutMount::mount(
+                &jobdir_path.join("out"),
+                job.filesystem.out.max_bytes.as_u64(),
+                job.filesystem.out.max_files,
+            )?)
+        } else {
+            None
+        };
+        let name = spec::container_name(job);
+        let guard = ContainerGuard::new(&self.config.socket, &name);
+        let ran = self
+            .run_container(
+                job,
+                tap,
+                &ready.docker,
+                &image,
+                &jobdir.work(),
+                out.as_ref(),
+                &name,
+            )
+            .await;
+        let removed = guard.remove(&ready.docker).await;
+        let released = match out {
+            Some(out) => {
+                let caps = OutCaps {
+                    max_files: job.filesystem.out.max_files,
+                    max_bytes: job.filesystem.out.max_bytes.as_u64(),
+                    max_file_bytes: job.filesystem.out.max_file_bytes.as_u64(),
+                };
+                Some(
+                    tokio::task::spawn_blocking(move || out.release(caps))
+                        .await
+                        .map_err(|e| DockerError::Task(format!("release task: {e}")))?,
+                )
+            }
+            None => None,
+        };
+        if let Err(e) = jobdir.remove() {
+            tracing::warn!(error = %e, "cannot remove the job directory");
+        }
+        let mut report = ran?;
+        removed?;
+        if let Some(released) = released {
+            let released = released?;
+            report.out_files = released.files;
+            report.out_rejected = released.rejected;
+        }
+        Ok(report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_container(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+        docker: &Docker,
+        image: &CheckedImage,
+        workdir: &std::path::Path,
+        out: Option<&OutMount>,
+        name: &str,
+    ) -> Result<RunReport, DockerError> {
+        let engine = |operation: &'static str| {
+            move |source| DockerError::Engine {
+                operation,
+                container: name.to_owned(),
+                source,
+            }
+        };
+        let body = spec::container_body(
+            job,
+            &ContainerPlan {
+                flavor: self.config.flavor,
+                image_id: &image.id,
+                workdir,
+                out_dir: out.map(OutMount::path),
+                runtime: self.config.runtime.as_deref(),
+                boot_id: &self.boot_id,
+            },
+        );
+        let setup_started = Instant::now();
+        let has_stdin = job.stdin.is_some();
+        let setup = async {
+            docker
+                .create_container(
+                    Some(CreateContainerOptions {
+                        name: Some(name.to_owned()),
+                        platform: String::new(),
+                    }),
+                    body,
+                )
+                .await
+                .map_err(engine("create"))?;
+            // Attach before start, so no output is missed.
+            let attached = docker
+                .attach_container(
+                    name,
+                    Some(AttachContainerOptions {
+                        stream: true,
+                        stdout: true,
+                        stderr: true,
+                        stdin: has_stdin,
+                        logs: false,
+                        detach_keys: None,
+                    }),
+                )
+                .await
+                .map_err(engine("attach to"))?;
+            docker
+                .start_container(name, None)
+                .await
+                .map_err(engine("start"))?;
+            Ok::<_, DockerError>(attached)
+        };
+        let attached = match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(DockerError::Deadline {
+                    container: name.to_owned(),
+                    step: "start",
+                    seconds: SETUP_TIMEOUT.as_secs(),
+                });
+            }
+        };
+        let started_at = Instant::now();
+        let setup = started_at.saturating_duration_since(setup_started);
+        tracing::debug!(job_id = %job.id, setup_ms = setup.as_millis() as u64, "container started");
+
+        let mut output = attached.output;
+        let mut input = attached.input;
+        if let Some(bytes) = job.stdin.clone() {
+            tokio::spawn(async move {
+                // The job may exit without reading its input.
+                let _ = input.write_all(&bytes).await;
+                let _ = input.shutdown().await;
+            });
+        } else {
+            drop(input);
+        }
+
+        let mut wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
+            name,
+            Some(WaitContainerOptions {
+                condition: "not-running".to_owned(),
+            }),
+        ));
+        let keep_out = usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX);
+        let keep_err = usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX);
+        let mut stdout = BoundedCapture::new(keep_out);
+        let mut stderr = BoundedCapture::new(keep_err);
+        let flood = job.limits.flood.as_u64();
+        let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
+        let mut limit_hit: Option<LimitHit> = None;
+        let mut exited: Option<Instant> = None;
+        let mut output_done = false;
+        let mut kill_deadline: Option<tokio::time::Instant> = None;
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
+        let far = deadline + Duration::from_secs(365 * 24 * 3600);
+
+        while !(output_done && exited.is_some()) {
+            tokio::select! {
+                item = next(&mut output), if !output_done => match item {
+                    Some(Ok(chunk)) => {
+                        let (kind, capture, keep, bytes) = match chunk {
+                            LogOutput::StdOut { message } => (StreamKind::Stdout, &mut stdout, keep_out, message),
+                            LogOutput::StdErr { message } => (StreamKind::Stderr, &mut stderr, keep_err, message),
+                            LogOutput::Console { message } => (StreamKind::Stdout, &mut stdout, keep_out, message),
+                            LogOutput::StdIn { .. } => continue,
+                        };
+                        if let Some(tap) = &tap {
+                            let room = keep.saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
+                            if room > 0 {
+                                tap(kind, &bytes[..bytes.len().min(room)]);
+                            }
+                        }
+                        capture.push(&bytes);
+                        if limit_hit.is_none() && stdout.total().saturating_add(stderr.total()) > flood {
+                            limit_hit = Some(LimitHit::OutputFlood);
+                            kill_deadline = Some(kill(docker, name).await);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(job_id = %job.id, error = %e, "output stream failed");
+                        output_done = true;
+                    }
+                    None => output_done = true,
+                },
+                _ = next(&mut wait), if exited.is_none() => {
+                    // Ok, or an error carrying a non-zero exit code: either way it stopped;
+                    // how is read from the container's state below.
+                    exited = Some(Instant::now());
+                    drain_deadline = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+                }
+                _ = tokio::time::sleep_until(deadline), if limit_hit.is_none() && exited.is_none() => {
+                    limit_hit = Some(LimitHit::Timeout);
+                    kill_deadline = Some(kill(docker, name).await);
+                }
+                _ = tokio::time::sleep_until(kill_deadline.unwrap_or(far)), if kill_deadline.is_some() && exited.is_none() => {
+                    tracing::warn!(job_id = %job.id, "container still running after SIGKILL; removing it");
+                    exited = Some(Instant::now());
+                    drain_deadline = Some(tokio::time::Instant::now());
+                }
+                _ = tokio::time::sleep_until(drain_deadline.unwrap_or(far)), if drain_deadline.is_some() && !output_done => {
+                    tracing::warn!(job_id = %job.id, "output stream still open after the container stopped");
+                    output_done = true;
+                }
+            }
+        }
+        let ended_at = exited.unwrap_or_else(Instant::now);
+        let state = docker
+            .inspect_container(name, None)
+            .await
+            .map_err(engine("inspect"))?
+            .state
+            .unwrap_or_default();
+        let termination = match state.exit_code {
+            Some(code) if code > SIGNAL_EXIT_BASE && code <= SIGNAL_EXIT_BASE + SIGNAL_MAX => {
+                Termination::Signaled((code - SIGNAL_EXIT_BASE) as i32)
+            }
+            Some(code) => Termination::Exited(i32::try_from(code).unwrap_or(i32::MAX)),
+            None => Termination::Unknown,
+        };
+        let oom_kills = u64::from(state.oom_killed.unwrap_or(false));
+        Ok(RunReport {
+            termination,
+            limit_hit,
+            oom_kills,
+            stdout: stdout.finish(),
+            stderr: stderr.finish(),
+            duration: ended_at.saturating_duration_since(started_at),
+            setup,
+            cpu_time: None,
+            peak_memory_bytes: None,
+            image_digest: Some(image.digest.clone()),
+            degraded: Vec::new(),
+            out_files: Vec::new(),
+            out_rejected: Vec::new(),
+        })
+    }
+}
+
+/// Kills the container with SIGKILL; returns when to give up waiting for it to stop.
+async fn kill(docker: &Docker, name: &str) -> tokio::time::Instant {
+    let options = KillContainerOptions {
+        signal: "SIGKILL".to_owned(),
+    };
+    if let Err(e) = docker.kill_container(name, Some(options)).await {
+        // 409: it stopped by itself meanwhile.
+        tracing::debug!(container = %name, error = %e, "kill");
+    }
+    tokio::time::Instant::now() + KILL_GRACE
+}
+
+/// The next item of a stream.
+async fn next<S: Stream + Unpin + ?Sized>(stream: &mut S) -> Option<S::Item> {
+    std::future::poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
+}
+
+impl Backend for DockerBackend {
+    fn kind(&self) -> BackendKind {
+        self.config.flavor.kind()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: self.config.flavor.kind(),
+            network_proxy: false,
+            out_dir: rustix::process::geteuid().is_root(),
+            image_rootfs: true,
+        }
+    }
+
+    fn run<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        Box::pin(async move { self.run_job(job, tap).await.map_err(BackendError::from) })
+    }
+}
+
+/// Opens the backend of `kind` for a policy, as an `Arc<dyn Backend>`.
+pub fn open(policy: &Policy, flavor: Flavor) -> Result<Arc<dyn Backend>, BackendError> {
+    let backend = DockerBackend::new(DockerConfig::from_policy(policy, flavor))?;
+    Ok(Arc::new(backend))
+}

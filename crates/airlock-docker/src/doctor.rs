@@ -1,0 +1,187 @@
+//! `airlock doctor` for the Engine API backends: the socket, the daemon's version, its
+//! runtimes, and whether the policy's image is present with the pinned digest.
+
+use airlock_core::policy::{Policy, RootfsSpec};
+use airlock_native::doctor::{Check, Status};
+
+use crate::Flavor;
+use crate::backend::{DockerConfig, GVISOR_SECCOMP_FLAG};
+
+fn check(control: &str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
+    Check {
+        control: control.to_owned(),
+        status,
+        detail: detail.into(),
+        fix: fix.map(str::to_owned),
+    }
+}
+
+/// What the `flavor` backend can do here under `policy`, one [`Check`] per item. Talks to
+/// the daemon (read-only requests: version, info, image inspect).
+pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
+    let config = DockerConfig::from_policy(policy, flavor);
+    let prefix = flavor.as_str();
+    let mut checks = Vec::new();
+    let socket = config.socket.display().to_string();
+    if !config.socket.exists() {
+        checks.push(check(
+            &format!("{prefix}: socket"),
+            Status::Missing,
+            format!("{socket} does not exist"),
+            Some(match flavor {
+                Flavor::Podman => "start the service: podman system service --time=0 unix:///run/podman/podman.sock, or set [docker] podman_socket",
+                Flavor::Docker | Flavor::Gvisor => "start dockerd, or set [docker] docker_socket",
+            }),
+        ));
+        return checks;
+    }
+    let docker = match crate::cleanup::connect(&config.socket) {
+        Ok(docker) => docker,
+        Err(e) => {
+            checks.push(check(
+                &format!("{prefix}: socket"),
+                Status::Missing,
+                format!("{socket}: {e}"),
+                None,
+            ));
+            return checks;
+        }
+    };
+    let docker = match docker.negotiate_version().await {
+        Ok(docker) => docker,
+        Err(e) => {
+            checks.push(check(
+                &format!("{prefix}: daemon"),
+                Status::Missing,
+                format!("{socket} does not answer: {e}"),
+                Some("is the daemon running, and may airlock use its socket?"),
+            ));
+            return checks;
+        }
+    };
+    checks.push(check(
+        &format!("{prefix}: socket"),
+        Status::Ok,
+        socket,
+        None,
+    ));
+    match docker.version().await {
+        Ok(v) => checks.push(check(
+            &format!("{prefix}: daemon"),
+            Status::Ok,
+            format!(
+                "version {}, API {}",
+                v.version.unwrap_or_default(),
+                v.api_version.unwrap_or_default()
+            ),
+            None,
+        )),
+        Err(e) => checks.push(check(
+            &format!("{prefix}: daemon"),
+            Status::Missing,
+            e.to_string(),
+            None,
+        )),
+    }
+    match docker.info().await {
+        Ok(info) => {
+            let runtimes = info.runtimes.unwrap_or_default();
+            let mut names: Vec<&str> = runtimes.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            let detail = format!(
+                "available: {}; default {}",
+                names.join(", "),
+                info.default_runtime.unwrap_or_default()
+            );
+            match &config.runtime {
+                Some(runtime) if !runtimes.is_empty() && !runtimes.contains_key(runtime) => {
+                    checks.push(check(
+                        &format!("{prefix}: runtime {runtime}"),
+                        Status::Missing,
+                        detail,
+                        Some("register it in daemon.json \"runtimes\" (runsc: {\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=none\", \"--oci-seccomp\"]})"),
+                    ));
+                }
+                Some(runtime) if flavor == Flavor::Gvisor => {
+                    let args = runtimes
+                        .get(runtime)
+                        .and_then(|r| r.runtime_args.clone())
+                        .unwrap_or_default();
+                    if args.iter().any(|a| a == GVISOR_SECCOMP_FLAG) {
+                        checks.push(check(
+                            &format!("{prefix}: runtime {runtime}"),
+                            Status::Ok,
+                            format!("{detail}; args {args:?}"),
+                            None,
+                        ));
+                    } else {
+                        checks.push(check(
+                            &format!("{prefix}: runtime {runtime}"),
+                            Status::Missing,
+                            format!("{detail}; args {args:?}: without {GVISOR_SECCOMP_FLAG} the job would run without a seccomp filter, so jobs are refused"),
+                            Some("add \"--oci-seccomp\" to the runtime's runtimeArgs in daemon.json"),
+                        ));
+                    }
+                }
+                _ => checks.push(check(
+                    &format!("{prefix}: runtime"),
+                    Status::Ok,
+                    detail,
+                    None,
+                )),
+            }
+            let rootless = info
+                .security_options
+                .iter()
+                .flatten()
+                .any(|o| o.contains("rootless"));
+            let root = rustix::process::geteuid().is_root();
+            checks.push(if root && !rootless {
+                check(
+                    &format!("{prefix}: /out"),
+                    Status::Ok,
+                    "a size-capped tmpfs mounted by airlock on the host",
+                    None,
+                )
+            } else {
+                check(
+                    &format!("{prefix}: /out"),
+                    Status::Warning,
+                    "needs airlock as root and a rootful daemon; jobs asking for /out are refused",
+                    None,
+                )
+            });
+        }
+        Err(e) => checks.push(check(
+            &format!("{prefix}: runtime"),
+            Status::Missing,
+            e.to_string(),
+            None,
+        )),
+    }
+    match &policy.filesystem.rootfs {
+        RootfsSpec::Image { reference, digest } => {
+            match crate::image::check(&docker, prefix, reference, digest).await {
+                Ok(image) => checks.push(check(
+                    &format!("{prefix}: image"),
+                    Status::Ok,
+                    format!("{reference} is {}", image.id),
+                    None,
+                )),
+                Err(e) => checks.push(check(
+                    &format!("{prefix}: image"),
+                    Status::Missing,
+                    e.to_string(),
+                    Some("docker load / docker import the image, then pin the id it shows"),
+                )),
+            }
+        }
+        other => checks.push(check(
+            &format!("{prefix}: image"),
+            Status::Missing,
+            format!("the policy's rootfs is {other:?}; container backends run images only"),
+            Some("set [filesystem] rootfs = \"image:REF@sha256:…\""),
+        )),
+    }
+    checks
+}

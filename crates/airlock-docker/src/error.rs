@@ -1,0 +1,168 @@
+//! The one error type of airlock-docker.
+
+use std::path::PathBuf;
+
+use airlock_core::{BackendError, ErrorKind};
+
+/// Everything that can stop the Engine API backends from running a job. Variants name the
+/// operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    /// The daemon's socket does not exist or cannot be used.
+    #[error("connect to the {backend} daemon at {socket}")]
+    Connect {
+        /// `docker`, `podman` or `gvisor`.
+        backend: &'static str,
+        /// The socket path from the policy.
+        socket: PathBuf,
+        /// What the client said.
+        source: bollard::errors::Error,
+    },
+    /// The daemon did not answer the version handshake.
+    #[error("ask the {backend} daemon at {socket} for its version")]
+    Version {
+        /// The backend.
+        backend: &'static str,
+        /// The socket.
+        socket: PathBuf,
+        /// What the client said.
+        source: bollard::errors::Error,
+    },
+    /// The daemon does not know the OCI runtime the policy names.
+    #[error("the daemon has no runtime {runtime:?} (it has: {available}); {fix}")]
+    RuntimeMissing {
+        /// The runtime asked for.
+        runtime: String,
+        /// What the daemon has.
+        available: String,
+        /// How to register it.
+        fix: &'static str,
+    },
+    /// The job's rootfs is not an image pinned by digest.
+    #[error(
+        "the {backend} backend runs images only: set [filesystem] rootfs = \"image:REF@sha256:…\" (the policy has {rootfs})"
+    )]
+    NotAnImage {
+        /// The backend.
+        backend: &'static str,
+        /// What the policy has.
+        rootfs: String,
+    },
+    /// The image is not in the daemon's store (airlock never pulls).
+    #[error(
+        "image {reference} ({digest}) is not present in the {backend} daemon's store; load it first (docker load / docker import); airlock never pulls"
+    )]
+    ImageMissing {
+        /// The backend.
+        backend: &'static str,
+        /// The reference.
+        reference: String,
+        /// The pinned digest.
+        digest: String,
+    },
+    /// The local image is not the one the policy pins.
+    #[error(
+        "image {reference} is {found} in the {backend} daemon's store, but the policy pins {pinned}; refusing to run a different image"
+    )]
+    DigestMismatch {
+        /// The backend.
+        backend: &'static str,
+        /// The reference.
+        reference: String,
+        /// The digest the policy pins.
+        pinned: String,
+        /// What the daemon has under that reference (id and repo digests).
+        found: String,
+    },
+    /// A request to the daemon failed.
+    #[error("{operation} container {container}")]
+    Engine {
+        /// The operation, e.g. `create`, `start`.
+        operation: &'static str,
+        /// The container name or id.
+        container: String,
+        /// What the daemon said.
+        source: bollard::errors::Error,
+    },
+    /// Inspecting an image failed for a reason other than its absence.
+    #[error("inspect image {reference}")]
+    InspectImage {
+        /// The reference.
+        reference: String,
+        /// What the daemon said.
+        source: bollard::errors::Error,
+    },
+    /// Listing airlock's containers failed.
+    #[error("list airlock's containers")]
+    ListContainers(#[source] bollard::errors::Error),
+    /// A feature the job asks for cannot be given by this backend here.
+    #[error("{feature} is not available on the {backend} backend: {reason}")]
+    FeatureUnavailable {
+        /// The backend.
+        backend: &'static str,
+        /// The feature, e.g. `/out`.
+        feature: &'static str,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+    /// The job directory could not be made.
+    #[error("prepare the job directory")]
+    JobDir(#[source] airlock_native::NativeError),
+    /// Mounting the `/out` tmpfs on the host failed.
+    #[error("mount the /out tmpfs at {path}")]
+    MountOut {
+        /// The mount point.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The container did not start within its deadline.
+    #[error("container {container} did not {step} within {seconds} s")]
+    Deadline {
+        /// The container.
+        container: String,
+        /// What it was doing.
+        step: &'static str,
+        /// The deadline.
+        seconds: u64,
+    },
+    /// A task of the backend failed.
+    #[error("{0}")]
+    Task(String),
+}
+
+impl DockerError {
+    /// The public class of this error (DESIGN §2).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DockerError::Connect { .. }
+            | DockerError::Version { .. }
+            | DockerError::RuntimeMissing { .. }
+            | DockerError::ImageMissing { .. } => ErrorKind::BackendUnavailable,
+            DockerError::NotAnImage { .. }
+            | DockerError::DigestMismatch { .. }
+            | DockerError::FeatureUnavailable { .. } => ErrorKind::PolicyDenied,
+            DockerError::Engine { .. }
+            | DockerError::InspectImage { .. }
+            | DockerError::ListContainers(_)
+            | DockerError::JobDir(_)
+            | DockerError::MountOut { .. }
+            | DockerError::Deadline { .. }
+            | DockerError::Task(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<DockerError> for BackendError {
+    fn from(err: DockerError) -> Self {
+        let kind = err.kind();
+        let mut message = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        BackendError::new(kind, message)
+    }
+}

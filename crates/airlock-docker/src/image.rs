@@ -1,0 +1,116 @@
+//! Images by digest: before every job the local image under the policy's reference must be
+//! the one the policy pins, by image id or by repository digest. Nothing is ever pulled.
+
+use bollard::Docker;
+use bollard::models::ImageInspect;
+
+use crate::error::DockerError;
+
+/// The image a job may run: its id, which the container is created from (never the tag,
+/// so what was checked is what runs), and the pinned digest reported in the observation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedImage {
+    /// The daemon's image id, `sha256:…`.
+    pub id: String,
+    /// The digest the policy pins.
+    pub digest: String,
+}
+
+/// Whether an inspected image is the one pinned by `digest`: its id equals it, or one of
+/// its repository digests (`repo@sha256:…`) ends with it.
+pub fn matches(image: &ImageInspect, digest: &str) -> bool {
+    image.id.as_deref() == Some(digest)
+        || image
+            .repo_digests
+            .iter()
+            .flatten()
+            .any(|d| d.rsplit_once('@').is_some_and(|(_, d)| d == digest))
+}
+
+/// What the daemon has, for the error message: the id and every repository digest.
+pub fn describe(image: &ImageInspect) -> String {
+    let mut found = image
+        .id
+        .clone()
+        .unwrap_or_else(|| "an image without id".into());
+    let digests: Vec<&str> = image
+        .repo_digests
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    if !digests.is_empty() {
+        found.push_str(&format!(" (repo digests: {})", digests.join(", ")));
+    }
+    found
+}
+
+/// Checks that `reference` names the image pinned by `digest` in the daemon's store.
+pub async fn check(
+    docker: &Docker,
+    backend: &'static str,
+    reference: &str,
+    digest: &str,
+) -> Result<CheckedImage, DockerError> {
+    let image = match docker.inspect_image(reference).await {
+        Ok(image) => image,
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => {
+            return Err(DockerError::ImageMissing {
+                backend,
+                reference: reference.to_owned(),
+                digest: digest.to_owned(),
+            });
+        }
+        Err(source) => {
+            return Err(DockerError::InspectImage {
+                reference: reference.to_owned(),
+                source,
+            });
+        }
+    };
+    if !matches(&image, digest) {
+        return Err(DockerError::DigestMismatch {
+            backend,
+            reference: reference.to_owned(),
+            pinned: digest.to_owned(),
+            found: describe(&image),
+        });
+    }
+    let id = image.id.ok_or_else(|| DockerError::InspectImage {
+        reference: reference.to_owned(),
+        source: bollard::errors::Error::DockerResponseServerError {
+            status_code: 500,
+            message: "the daemon reported no image id".to_owned(),
+        },
+    })?;
+    Ok(CheckedImage {
+        id,
+        digest: digest.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(id: &str, repo_digests: &[&str]) -> ImageInspect {
+        ImageInspect {
+            id: Some(id.to_owned()),
+            repo_digests: Some(repo_digests.iter().map(|s| (*s).to_owned()).collect()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn id_or_repo_digest_matches() {
+        let a = format!("sha256:{}", "a".repeat(64));
+        let b = format!("sha256:{}", "b".repeat(64));
+        assert!(matches(&image(&a, &[]), &a));
+        assert!(matches(&image(&b, &[&format!("python@{a}")]), &a));
+        assert!(!matches(&image(&b, &[&format!("python@{b}")]), &a));
+        let text = describe(&image(&b, &[&format!("python@{b}")]));
+        assert!(text.contains(&b) && text.contains("repo digests"), "{text}");
+    }
+}

@@ -1,0 +1,317 @@
+//! The container a job runs in, as pure data: the Engine API's create body for the
+//! reference shape of DESIGN §5 (`--network none --read-only --tmpfs /tmp --user
+//! 65534:65534 --cap-drop ALL --security-opt no-new-privileges --memory --cpus
+//! --pids-limit -v JOBDIR:/work:ro -w /work`), built from a checked [`JobSpec`]. No I/O
+//! here, so every field is unit-tested.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use airlock_core::JobSpec;
+use airlock_core::job::WORKDIR;
+use airlock_core::policy::WorkdirMode;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+
+use crate::Flavor;
+
+/// The job's uid and gid inside the container (DESIGN S5).
+pub const JOB_UID: u32 = 65534;
+/// The container's hostname, as on the native backend.
+pub const HOSTNAME: &str = "airlock";
+/// Where `/out` is mounted.
+pub const OUT_DIR: &str = "/out";
+/// The label every container airlock creates carries, and the only one it ever removes.
+pub const LABEL_MANAGED: &str = "airlock.managed";
+/// The label holding the job id.
+pub const LABEL_JOB: &str = "airlock.job";
+/// The label holding the boot id of the host whose airlock created the container.
+pub const LABEL_BOOT: &str = "airlock.boot";
+/// The label holding the backend kind.
+pub const LABEL_BACKEND: &str = "airlock.backend";
+/// RLIMIT_CORE of the job: 1, not 0, for the reason given at
+/// `airlock_native::backend::CORE_RLIMIT_BYTES`.
+pub const CORE_RLIMIT_BYTES: i64 = 1;
+/// Runs the program with exactly the job's environment. The daemon adds variables of its
+/// own to every container (`HOSTNAME`, and `container` on Podman); `env -i` clears them
+/// before the interpreter starts, so the job sees exactly DESIGN S1's allowlist. Every
+/// Debian-based image has it.
+pub const ENV_WRAPPER: &str = "/usr/bin/env";
+/// gVisor: host tasks its sandbox may use per task of the job, for the backstop pids limit
+/// on the sandbox's host cgroup. The job's own limit is RLIMIT_NPROC inside the sandbox
+/// (gVisor's kernel counts the job's tasks itself); the host cgroup holds the Sentry's
+/// threads and, on the ptrace platform, a stub process with a handful of traced threads
+/// for each task of the job (measured: 63 sleeping processes use 362 host tasks, an idle
+/// sandbox 43). Hitting the backstop kills the whole sandbox, so it sits well above that.
+pub const GVISOR_HOST_TASKS_PER_TASK: i64 = 16;
+/// gVisor: host tasks of the sandbox itself, on top of the per-task allowance.
+pub const GVISOR_HOST_TASKS_BASE: i64 = 256;
+
+/// What [`container_body`] needs besides the job.
+#[derive(Debug, Clone)]
+pub struct ContainerPlan<'a> {
+    /// Docker with runc, Podman, or Docker with runsc.
+    pub flavor: Flavor,
+    /// The image's id (`sha256:…`), never a tag: what was checked is what runs.
+    pub image_id: &'a str,
+    /// The host directory bound at `/work`.
+    pub workdir: &'a Path,
+    /// The host directory (a size-capped tmpfs) bound at `/out`, when enabled.
+    pub out_dir: Option<&'a Path>,
+    /// The OCI runtime; `None` for the daemon's default.
+    pub runtime: Option<&'a str>,
+    /// This host's boot id (for the stale-container sweep).
+    pub boot_id: &'a str,
+}
+
+/// The labels of a job's container.
+pub fn labels(job: &JobSpec, flavor: Flavor, boot_id: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (LABEL_MANAGED.to_owned(), "true".to_owned()),
+        (LABEL_JOB.to_owned(), job.id.to_string()),
+        (LABEL_BOOT.to_owned(), boot_id.to_owned()),
+        (LABEL_BACKEND.to_owned(), flavor.kind().to_string()),
+    ])
+}
+
+/// The container's name: unique per job, and telling whose it is in `docker ps`.
+pub fn container_name(job: &JobSpec) -> String {
+    format!("airlock-{}", job.id)
+}
+
+/// The command: [`ENV_WRAPPER`] `-i NAME=VALUE... argv...`.
+pub fn command(job: &JobSpec) -> Vec<String> {
+    let mut cmd = Vec::with_capacity(job.env.len() + job.argv.len() + 2);
+    cmd.push(ENV_WRAPPER.to_owned());
+    cmd.push("-i".to_owned());
+    cmd.extend(job.env.iter().map(|(k, v)| format!("{k}={v}")));
+    cmd.extend(job.argv.iter().cloned());
+    cmd
+}
+
+fn ulimit(name: &str, value: i64) -> ResourcesUlimits {
+    ResourcesUlimits {
+        name: Some(name.to_owned()),
+        soft: Some(value),
+        hard: Some(value),
+    }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The create body for `job`.
+pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreateBody {
+    let limits = &job.limits;
+    let workdir_mode = match job.filesystem.workdir {
+        WorkdirMode::Ro => "ro",
+        WorkdirMode::Rw => "rw",
+    };
+    let mut binds = vec![format!(
+        "{}:{WORKDIR}:{workdir_mode}",
+        plan.workdir.display()
+    )];
+    if let Some(out) = plan.out_dir {
+        binds.push(format!("{}:{OUT_DIR}:rw", out.display()));
+    }
+    let mut ulimits = vec![
+        ulimit("nofile", i64::from(limits.open_files)),
+        ulimit("fsize", saturating_i64(limits.file_size.as_u64())),
+        ulimit("core", CORE_RLIMIT_BYTES),
+    ];
+    let pids = i64::from(limits.pids);
+    let pids_limit = match plan.flavor {
+        Flavor::Docker | Flavor::Podman => pids,
+        Flavor::Gvisor => {
+            // The job's limit, counted by gVisor's own kernel (sandbox-local: no other
+            // container's processes of uid 65534 count, unlike RLIMIT_NPROC under runc).
+            ulimits.push(ulimit("nproc", pids));
+            pids * GVISOR_HOST_TASKS_PER_TASK + GVISOR_HOST_TASKS_BASE
+        }
+    };
+    let tmp_bytes = limits.tmp.as_u64();
+    let memory = saturating_i64(limits.memory.as_u64());
+    let has_stdin = job.stdin.is_some();
+    ContainerCreateBody {
+        image: Some(plan.image_id.to_owned()),
+        hostname: Some(HOSTNAME.to_owned()),
+        user: Some(format!("{JOB_UID}:{JOB_UID}")),
+        entrypoint: Some(command(job)),
+        cmd: Some(Vec::new()),
+        env: Some(job.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        working_dir: Some(WORKDIR.to_owned()),
+        labels: Some(labels(job, plan.flavor, plan.boot_id)),
+        attach_stdin: Some(has_stdin),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        open_stdin: Some(has_stdin),
+        stdin_once: Some(has_stdin),
+        tty: Some(false),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".to_owned()),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_owned(),
+                format!("rw,noexec,nosuid,nodev,size={tmp_bytes}"),
+            )])),
+            shm_size: Some(saturating_i64(tmp_bytes)),
+            binds: Some(binds),
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some(i64::from(limits.cpus.millis()) * 1_000_000),
+            pids_limit: Some(pids_limit),
+            ulimits: Some(ulimits),
+            runtime: plan.runtime.map(str::to_owned),
+            init: Some(false),
+            auto_remove: Some(false),
+            privileged: Some(false),
+            // Output goes to airlock through the attach stream only; nothing is stored.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".to_owned()),
+                config: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::{JobRequest, Policy};
+    use pretty_assertions::assert_eq;
+
+    fn job(policy: &Policy) -> JobSpec {
+        JobRequest {
+            language: "python".into(),
+            source: b"print(1)".to_vec(),
+            ..Default::default()
+        }
+        .resolve(policy)
+        .unwrap()
+    }
+
+    fn plan(flavor: Flavor) -> ContainerPlan<'static> {
+        ContainerPlan {
+            flavor,
+            image_id: "sha256:abc",
+            workdir: Path::new("/run/airlock-docker/j/work"),
+            out_dir: None,
+            runtime: Some("runc"),
+            boot_id: "boot",
+        }
+    }
+
+    #[test]
+    fn the_reference_shape() {
+        let job = job(&Policy::builtin());
+        let body = container_body(&job, &plan(Flavor::Docker));
+        let host = body.host_config.clone().unwrap();
+        assert_eq!(body.image.as_deref(), Some("sha256:abc"));
+        assert_eq!(body.user.as_deref(), Some("65534:65534"));
+        assert_eq!(body.working_dir.as_deref(), Some("/work"));
+        assert_eq!(body.network_disabled, Some(true));
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert_eq!(
+            host.tmpfs.unwrap()["/tmp"],
+            "rw,noexec,nosuid,nodev,size=16777216"
+        );
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_owned()])
+        );
+        assert_eq!(host.memory, Some(256 << 20));
+        assert_eq!(host.memory_swap, host.memory, "no swap");
+        assert_eq!(host.nano_cpus, Some(500_000_000));
+        assert_eq!(host.pids_limit, Some(64));
+        assert_eq!(
+            host.binds,
+            Some(vec!["/run/airlock-docker/j/work:/work:ro".to_owned()])
+        );
+        assert_eq!(host.privileged, Some(false));
+        assert_eq!(host.runtime.as_deref(), Some("runc"));
+        let ulimits: Vec<(String, i64)> = host
+            .ulimits
+            .unwrap()
+            .into_iter()
+            .map(|u| (u.name.unwrap(), u.hard.unwrap()))
+            .collect();
+        assert_eq!(
+            ulimits,
+            vec![
+                ("nofile".to_owned(), 256),
+                ("fsize".to_owned(), 64 << 20),
+                ("core".to_owned(), 1)
+            ]
+        );
+        assert_eq!(host.mounts, None, "no mount but /work");
+        assert_eq!(body.open_stdin, Some(false));
+        let labels = body.labels.unwrap();
+        assert_eq!(labels[LABEL_MANAGED], "true");
+        assert_eq!(labels[LABEL_JOB], job.id.to_string());
+    }
+
+    #[test]
+    fn env_is_exactly_the_jobs() {
+        let job = job(&Policy::builtin());
+        let cmd = command(&job);
+        assert_eq!(
+            cmd,
+            vec![
+                "/usr/bin/env",
+                "-i",
+                "HOME=/tmp",
+                "LANG=C.UTF-8",
+                "PATH=/usr/local/bin:/usr/bin:/bin",
+                "PYTHONDONTWRITEBYTECODE=1",
+                "python3",
+                "-I",
+                "/work/main.py"
+            ]
+        );
+    }
+
+    #[test]
+    fn rw_workdir_out_and_stdin() {
+        let mut policy = Policy::builtin();
+        policy.filesystem.workdir = WorkdirMode::Rw;
+        let mut job = job(&policy);
+        job.stdin = Some(b"x".to_vec());
+        let mut plan = plan(Flavor::Podman);
+        plan.out_dir = Some(Path::new("/run/airlock-docker/j/out"));
+        plan.runtime = None;
+        let body = container_body(&job, &plan);
+        let host = body.host_config.unwrap();
+        assert_eq!(
+            host.binds,
+            Some(vec![
+                "/run/airlock-docker/j/work:/work:rw".to_owned(),
+                "/run/airlock-docker/j/out:/out:rw".to_owned()
+            ])
+        );
+        assert_eq!(host.runtime, None);
+        assert_eq!(body.open_stdin, Some(true));
+        assert_eq!(body.stdin_once, Some(true));
+    }
+
+    #[test]
+    fn gvisor_limits_tasks_inside_the_sandbox() {
+        let job = job(&Policy::builtin());
+        let body = container_body(&job, &plan(Flavor::Gvisor));
+        let host = body.host_config.unwrap();
+        let nproc = host
+            .ulimits
+            .unwrap()
+            .into_iter()
+            .find(|u| u.name.as_deref() == Some("nproc"))
+            .unwrap();
+        assert_eq!((nproc.soft, nproc.hard), (Some(64), Some(64)));
+        assert_eq!(host.pids_limit, Some(64 * 16 + 256));
+    }
+}
