@@ -21,6 +21,10 @@ pub struct McpArgs {
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
 
+    /// Backend every job runs on: native, docker, podman, gvisor, kube.
+    #[arg(long, value_name = "BACKEND", default_value = "native")]
+    backend: String,
+
     /// Jobs running at once (default: the number of CPUs).
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
@@ -36,6 +40,13 @@ pub fn mcp(args: McpArgs) -> ExitCode {
             }
         },
         None => LoadedPolicy::builtin(),
+    };
+    let kind: BackendKind = match args.backend.parse() {
+        Ok(kind) => kind,
+        Err(e) => {
+            eprintln!("airlock mcp: --backend: {e}");
+            return ExitCode::from(2);
+        }
     };
     let audit = match AuditLog::open(&loaded.audit_path(), loaded.policy.audit.fsync) {
         Ok(audit) => audit,
@@ -58,11 +69,11 @@ pub fn mcp(args: McpArgs) -> ExitCode {
         .max_in_flight
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
     let result = runtime.block_on(async move {
-        let backend = airlock_server::native_backend(&loaded);
+        let backend = airlock_server::open_backend(kind, &loaded);
         if let Err(e) = &backend {
             tracing::error!(kind = %e.kind, error = %e.message, "backend unavailable: every job will fail");
         }
-        let engine = Arc::new(Engine::new(loaded.policy, BackendKind::Native, backend, audit));
+        let engine = Arc::new(Engine::new(loaded.policy, kind, backend, audit));
         let (interrupt_tx, interrupt_rx) = tokio::sync::watch::channel(None);
         let executor = Arc::new(EngineExecutor::new(engine, max_in_flight, interrupt_rx));
         let signals = async {

@@ -24,6 +24,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
 
+    /// Backend every job runs on: native, docker, podman, gvisor, kube.
+    #[arg(long, value_name = "BACKEND", default_value = "native")]
+    backend: String,
+
     /// Tokens file (TOML): tenants, their token digests, policies and limits. Without it
     /// the API needs no token and listens on loopback only.
     #[arg(long, value_name = "FILE")]
@@ -96,6 +100,10 @@ fn config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         None => LoadedPolicy::builtin(),
     };
     let mut config = ServeConfig::new(args.listen, policy);
+    config.backend = args
+        .backend
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--backend: {e}"))?;
     if let Some(path) = &args.tokens {
         config.tokens = Some(TokensFile::load(path).map_err(|e| anyhow::anyhow!(error_chain(&e)))?);
     }
@@ -141,20 +149,18 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let authenticated = config.tokens.is_some();
-    let result = runtime.block_on(airlock_server::serve(
-        config,
-        &airlock_server::native_backend,
-        |addr| {
-            eprintln!(
-                "airlock serve: listening on http://{addr} ({})",
-                if authenticated {
-                    "bearer tokens required"
-                } else {
-                    "no tokens file: unauthenticated, loopback only"
-                }
-            );
-        },
-    ));
+    let kind = config.backend;
+    let backends = move |loaded: &LoadedPolicy| airlock_server::open_backend(kind, loaded);
+    let result = runtime.block_on(airlock_server::serve(config, &backends, |addr| {
+        eprintln!(
+            "airlock serve: listening on http://{addr} ({})",
+            if authenticated {
+                "bearer tokens required"
+            } else {
+                "no tokens file: unauthenticated, loopback only"
+            }
+        );
+    }));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

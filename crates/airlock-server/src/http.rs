@@ -266,7 +266,25 @@ async fn post_run(
     if stream {
         return stream_run(&state, admitted, job);
     }
-    let result = admitted.run(job, None).await;
+    // The job runs in its own task: if the client goes away (this future is dropped), the
+    // guard fires, the job is killed through the engine and still audited.
+    let gone = CancellationToken::new();
+    let guard = gone.clone().drop_guard();
+    let task = state
+        .tasks
+        .spawn(async move { admitted.run_until(job, None, gone.cancelled_owned()).await });
+    let result = match task.await {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::error!(error = %e, "job task failed");
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorKind::Internal,
+                "the job's task failed",
+            );
+        }
+    };
+    drop(guard.disarm());
     let observation = result.observation;
     let status = observation_status(&observation, *state.phase.borrow());
     tracing::info!(tenant = tenant.as_deref().unwrap_or("-"), job_id = %observation.job_id,
@@ -306,19 +324,15 @@ fn stream_run(state: &AppState, admitted: crate::runner::Admitted, job: JobReque
     let closed = tx.clone();
     let phase = state.phase.clone();
     state.tasks.spawn(async move {
-        tokio::select! {
-            result = admitted.run(job, Some(sink)) => {
-                let observation = result.observation;
-                tracing::info!(job_id = %observation.job_id, outcome = observation.outcome.as_str(),
-                    status = observation_status(&observation, *phase.borrow()).as_u16(), "run (streamed)");
-                let event = Event::default()
-                    .event("observation")
-                    .data(String::from_utf8(to_json(&observation)).unwrap_or_default());
-                let _ = tx.send(event).await;
-            }
-            // Dropping the job's future kills it and removes its sandbox.
-            _ = closed.closed() => tracing::info!("streaming client went away; job killed"),
-        }
+        // A client that goes away (the stream is dropped) kills the job, which is audited.
+        let gone = async move { closed.closed().await };
+        let observation = admitted.run_until(job, Some(sink), gone).await.observation;
+        tracing::info!(job_id = %observation.job_id, outcome = observation.outcome.as_str(),
+            status = observation_status(&observation, *phase.borrow()).as_u16(), "run (streamed)");
+        let event = Event::default()
+            .event("observation")
+            .data(String::from_utf8(to_json(&observation)).unwrap_or_default());
+        let _ = tx.send(event).await;
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<Event, Infallible>);
     Sse::new(stream)

@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 pub use auth::TokensFile;
 pub use error::ServerError;
 pub use listener::ConnLimits;
-pub use runner::{Admission, BackendFactory, Phase, Runner, native_backend};
+pub use runner::{Admission, BackendFactory, Phase, Runner, open_backend};
 
 /// Default largest request body: 16 MiB (a 20 MB body is refused with 413).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
@@ -55,6 +55,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// The server's policy (tenants without their own use it).
     pub policy: LoadedPolicy,
+    /// The backend every job runs on.
+    pub backend: airlock_core::BackendKind,
     /// Tokens; `None` serves without authentication, on loopback only.
     pub tokens: Option<TokensFile>,
     /// Jobs in flight, queue size, queue wait.
@@ -76,6 +78,7 @@ impl ServeConfig {
         Self {
             listen,
             policy,
+            backend: airlock_core::BackendKind::Native,
             tokens: None,
             admission: Admission {
                 max_in_flight: cpus,
@@ -133,6 +136,7 @@ pub async fn serve(
         .unwrap_or_default();
     let runner = Arc::new(Runner::new(
         config.policy,
+        config.backend,
         &tenants,
         config.admission,
         metrics,

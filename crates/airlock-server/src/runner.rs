@@ -91,12 +91,12 @@ struct TenantState {
 pub type BackendFactory =
     dyn Fn(&LoadedPolicy) -> Result<Arc<dyn Backend>, BackendError> + Send + Sync;
 
-/// The native backend for a policy, with this binary as its sandbox init.
-pub fn native_backend(loaded: &LoadedPolicy) -> Result<Arc<dyn Backend>, BackendError> {
-    let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
-    let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
-    let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
-    Ok(Arc::new(backend))
+/// The backend `kind` for a policy (the engine knows how to open each).
+pub fn open_backend(
+    kind: BackendKind,
+    loaded: &LoadedPolicy,
+) -> Result<Arc<dyn Backend>, BackendError> {
+    airlock_engine::backends::open(kind, loaded)
 }
 
 /// Runs jobs for the HTTP API and the MCP tool.
@@ -122,6 +122,7 @@ impl std::fmt::Debug for Runner {
 
 fn build_engine(
     loaded: LoadedPolicy,
+    kind: BackendKind,
     backends: &BackendFactory,
 ) -> Result<PolicyEngine, ServerError> {
     let audit = AuditLog::open(&loaded.audit_path(), loaded.policy.audit.fsync)
@@ -133,22 +134,24 @@ fn build_engine(
     }
     let policy = Arc::new(loaded.policy.clone());
     Ok(PolicyEngine {
-        engine: Engine::new(loaded.policy, BackendKind::Native, backend, audit),
+        engine: Engine::new(loaded.policy, kind, backend, audit),
         policy,
     })
 }
 
 impl Runner {
-    /// Builds one engine per distinct policy: the server's, and each tenant's own.
+    /// Builds one engine per distinct policy (the server's, and each tenant's own), each
+    /// with a backend of `kind` made by `backends`.
     pub fn new(
         default_policy: LoadedPolicy,
+        kind: BackendKind,
         tenants: &[TenantConfig],
         admission: Admission,
         metrics: Arc<Metrics>,
         phase: watch::Receiver<Phase>,
         backends: &BackendFactory,
     ) -> Result<Self, ServerError> {
-        let default = Arc::new(build_engine(default_policy, backends)?);
+        let default = Arc::new(build_engine(default_policy, kind, backends)?);
         let mut by_path: HashMap<PathBuf, Arc<PolicyEngine>> = HashMap::new();
         let mut states = HashMap::new();
         for tenant in tenants {
@@ -161,7 +164,7 @@ impl Runner {
                         None => {
                             let loaded =
                                 LoadedPolicy::from_file(path).map_err(ServerError::LoadPolicy)?;
-                            let engine = Arc::new(build_engine(loaded, backends)?);
+                            let engine = Arc::new(build_engine(loaded, kind, backends)?);
                             by_path.insert(key, engine.clone());
                             engine
                         }
@@ -378,12 +381,24 @@ impl Admitted {
     /// [`Phase::Killing`], or when it outlives its policy's ceiling by
     /// [`JOB_DEADLINE_SLACK`].
     pub async fn run(self, request: JobRequest, sink: Option<OutputSink>) -> JobResult {
+        self.run_until(request, sink, std::future::pending()).await
+    }
+
+    /// Like [`Admitted::run`], also killing the job when `client_gone` completes. Use
+    /// this rather than dropping the future: a killed job is still audited.
+    pub async fn run_until(
+        self,
+        request: JobRequest,
+        sink: Option<OutputSink>,
+        client_gone: impl std::future::Future<Output = ()>,
+    ) -> JobResult {
         let deadline = self.engine.policy.limits.timeout + JOB_DEADLINE_SLACK;
         let mut phase = self.phase.clone();
         let interrupt = async move {
             tokio::select! {
                 _ = phase.wait_for(|p| *p == Phase::Killing) => "server shutdown".to_owned(),
                 _ = tokio::time::sleep(deadline) => "the server's deadline for the job".to_owned(),
+                () = client_gone => "the client went away".to_owned(),
             }
         };
         let started = Instant::now();
@@ -487,6 +502,7 @@ mod tests {
         };
         let runner = Runner::new(
             policy,
+            BackendKind::Native,
             tenants,
             admission,
             Arc::new(Metrics::new()),

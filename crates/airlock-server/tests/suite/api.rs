@@ -1,0 +1,335 @@
+//! The API's answers and status codes against the real sandbox.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::common::*;
+use crate::require_server;
+
+#[tokio::test]
+async fn a_job_that_ran_is_200_whatever_its_exit() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let ok = post_run(&server, None, &python("print(sum(range(10)))")).await;
+    assert_eq!(ok.status, 200, "{:#}", ok.body);
+    assert_eq!(ok.body["ok"], true);
+    assert_eq!(ok.body["stdout"], "45\n");
+    assert_eq!(ok.body["backend"], "native");
+    let failed = post_run(&server, None, &python("import sys; sys.exit(3)")).await;
+    assert_eq!(failed.status, 200);
+    assert_eq!(failed.body["ok"], false);
+    assert_eq!(failed.body["outcome"], "exited");
+    assert_eq!(failed.body["exit_code"], 3);
+    let timeout = post_run(
+        &server,
+        None,
+        &json!({"language": "sh", "code": "sleep 5", "timeout": "300ms"}),
+    )
+    .await;
+    assert_eq!(timeout.status, 200);
+    assert_eq!(timeout.body["outcome"], "timeout");
+    // Files, stdin, args and base64 source reach the program.
+    let rich = post_run(
+        &server,
+        None,
+        &json!({
+            "language": "python",
+            "code_base64": "aW1wb3J0IHN5cwpwcmludChvcGVuKCdkYXRhL2EudHh0JykucmVhZCgpLCBzeXMuc3RkaW4ucmVhZCgpLCBzeXMuYXJndlsxXSk=",
+            "files": [{"path": "data/a.txt", "content": "file"}],
+            "stdin": "in",
+            "args": ["arg"],
+            "timeout_s": 3
+        }),
+    )
+    .await;
+    assert_eq!(rich.body["stdout"], "file in arg\n", "{:#}", rich.body);
+    // Every job is audited, with no tenant (no tokens file).
+    let lines = server.audit_lines();
+    assert_eq!(lines.len(), 4);
+    assert!(lines.iter().all(|l| l["tenant"].is_null()));
+}
+
+#[tokio::test]
+async fn malformed_and_refused_requests_have_their_status_and_the_error_shape() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    for (body, what) in [
+        (
+            json!({"language": "python", "code": "1", "image": "x"}),
+            "unknown field",
+        ),
+        (
+            json!({"language": "cobol", "code": "1"}),
+            "unknown language",
+        ),
+        (json!({"language": "python"}), "no code"),
+        (
+            json!({"language": "python", "code": "1", "timeout": "soon"}),
+            "bad duration",
+        ),
+        (
+            json!({"language": "python", "code": "\u{0}"}),
+            "NUL in source",
+        ),
+        (
+            json!({"language": "python", "code": "1", "files": [{"path": "../x", "content": ""}]}),
+            "path escape",
+        ),
+        (json!([1, 2]), "not an object"),
+    ] {
+        let answer = post_run(&server, None, &body).await;
+        assert_error(&answer, 400, "invalid_input");
+        let _ = what;
+    }
+    let not_json = post_raw(&server, None, b"{not json".to_vec()).await;
+    assert_error(&not_json, 400, "invalid_input");
+    for body in [
+        json!({"language": "python", "code": "1", "memory": "1GiB"}),
+        json!({"language": "python", "code": "1", "timeout": "1h"}),
+        json!({"language": "python", "code": "1", "env": {"SECRET": "x"}}),
+    ] {
+        let answer = post_run(&server, None, &body).await;
+        assert_error(&answer, 403, "policy_denied");
+        assert!(
+            answer.body["job_id"].is_string(),
+            "refusals are audited with an id"
+        );
+    }
+    // Unknown routes and methods answer in the same shape.
+    let response = client()
+        .get(server.url("/v1/nothing"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["outcome"], "error");
+    let response = client().get(server.url("/v1/runs")).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 405);
+    // Refusals by the engine are audited; malformed bodies never reach it.
+    let audited: Vec<String> = server
+        .audit_lines()
+        .iter()
+        .map(|l| l["error_kind"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(
+        audited.iter().filter(|k| *k == "policy_denied").count(),
+        3,
+        "{audited:?}"
+    );
+}
+
+/// Sends `head`, then `body` from another thread (the server may answer before reading
+/// it), and returns the response text.
+fn raw_exchange(server: &Server, head: String, body: Vec<Vec<u8>>) -> String {
+    let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        for chunk in body {
+            if writer.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    let mut response = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                response.extend_from_slice(&buf[..n]);
+                if String::from_utf8_lossy(&response).contains("\"outcome\":\"error\"}") {
+                    break;
+                }
+            }
+        }
+    }
+    drop(stream);
+    let _ = sender.join();
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+#[test]
+fn a_20_mb_body_is_413_before_it_is_read() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let size = 20_000_000usize;
+    let chunk = vec![b' '; 1 << 20];
+    let chunks = size.div_ceil(chunk.len());
+    let text = raw_exchange(
+        &server,
+        format!(
+            "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+        ),
+        vec![chunk.clone(); chunks],
+    );
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("\"kind\":\"invalid_input\""), "{text}");
+    // Also a chunked body that never declares its size.
+    let mut framed = format!("{:x}\r\n", chunk.len()).into_bytes();
+    framed.extend_from_slice(&chunk);
+    framed.extend_from_slice(b"\r\n");
+    let text = raw_exchange(
+        &server,
+        "POST /v1/runs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_owned(),
+        vec![framed; chunks],
+    );
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    // The server is fine afterwards.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ok = runtime.block_on(post_run(&server, None, &python("print(1)")));
+    assert_eq!(ok.status, 200);
+}
+
+#[tokio::test]
+async fn a_burst_larger_than_the_queue_gets_429_with_retry_after() {
+    require_server!();
+    let server = Server::start(Opts {
+        args: ["--max-in-flight", "1", "--queue", "1"]
+            .map(String::from)
+            .to_vec(),
+        ..Default::default()
+    });
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let url = server.url("/v1/runs");
+        tasks.push(tokio::spawn(async move {
+            let response = client()
+                .post(url)
+                .json(&json!({"language": "sh", "code": "sleep 1"}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let retry = response
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body: Value = response.json().await.unwrap();
+            (status, retry, body)
+        }));
+    }
+    let mut ran = 0;
+    let mut busy = 0;
+    for task in tasks {
+        let (status, retry, body) = task.await.unwrap();
+        match status {
+            200 => ran += 1,
+            429 => {
+                busy += 1;
+                assert_eq!(retry.as_deref(), Some("1"));
+                assert_eq!(body["error"]["kind"], "backend_unavailable");
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(
+        (ran, busy),
+        (2, 4),
+        "one running, one queued, the rest refused"
+    );
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("airlock_requests_rejected_total{reason=\"queue_full\"} 4"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_unavailable_backend_is_503() {
+    require_server!();
+    let server = Server::start(Opts {
+        args: ["--backend", "kube"].map(String::from).to_vec(),
+        ..Default::default()
+    });
+    let answer = post_run(&server, None, &python("print(1)")).await;
+    assert_error(&answer, 503, "backend_unavailable");
+}
+
+#[tokio::test]
+async fn health_metrics_openapi_and_tool_schema() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let health: Value = client()
+        .get(server.url("/v1/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "ok");
+    let ok = post_run(&server, None, &python("print('x' * 10)")).await;
+    assert_eq!(ok.status, 200);
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "airlock_jobs_total{outcome=\"exited\",backend=\"native\"} 1",
+        "airlock_job_duration_seconds_count 1",
+        "airlock_queue_wait_seconds_count 1",
+        "airlock_jobs_in_flight 0",
+        "airlock_queue_depth 0",
+        "airlock_output_bytes_total{stream=\"stdout\"} 11",
+        "airlock_redactions_total 0",
+    ] {
+        assert!(metrics.contains(needle), "{needle} not in:\n{metrics}");
+    }
+    let doc: Value = client()
+        .get(server.url("/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(doc["paths"]["/v1/runs"]["post"].is_object());
+    let tool: Value = client()
+        .get(server.url("/v1/tool-schema"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(tool["type"], "function");
+    assert_eq!(tool["function"]["name"], "run_code");
+    let description = tool["function"]["description"].as_str().unwrap();
+    assert!(description.contains("5s wall time") && description.contains("network is off"));
+    assert_eq!(
+        tool["function"]["parameters"]["required"],
+        json!(["language", "code"])
+    );
+}
+
+#[test]
+fn without_tokens_only_loopback_is_served() {
+    require_server!();
+    let output = std::process::Command::new(airlock_bin())
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env("AIRLOCK_STATE_DIR", tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("without a tokens file"), "{stderr}");
+}

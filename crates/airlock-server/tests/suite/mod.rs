@@ -1,0 +1,7 @@
+mod api;
+mod auth;
+mod common;
+mod load;
+mod shutdown;
+mod slow;
+mod sse;
