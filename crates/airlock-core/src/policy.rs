@@ -220,6 +220,17 @@ impl Policy {
         for entry in &self.network.allow {
             HostPattern::from_str(entry).map_err(|reason| bad("network.allow", reason))?;
         }
+        for name in self.network.hosts.keys() {
+            match HostPattern::from_str(name) {
+                Ok(p) if p.port.is_none() && !p.host.starts_with("*.") => {}
+                _ => {
+                    return Err(bad(
+                        "network.hosts",
+                        format!("{name:?} must be a plain host name"),
+                    ));
+                }
+            }
+        }
         for range in &self.network.allow_ranges {
             parse_cidr(range).map_err(|reason| bad("network.allow_ranges", reason))?;
         }
@@ -578,6 +589,10 @@ pub struct NetworkPolicy {
     /// Address ranges (CIDR, e.g. `127.0.0.1/32`) the proxy may connect to although they
     /// are in a blocked range (loopback, private, link-local, ...). Empty by default.
     pub allow_ranges: Vec<String>,
+    /// Names the proxy resolves from this table instead of DNS (like curl's `--resolve`),
+    /// e.g. an internal API: `{ "api.internal" = ["10.1.2.3"] }`. The answers are still
+    /// checked against the blocked ranges.
+    pub hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
     /// Secrets the job sees only as placeholders; the proxy substitutes the real value in
     /// requests to the secret's hosts.
     pub secrets: Vec<SecretSpec>,

@@ -105,6 +105,8 @@ pub struct DockerBackend {
     config: DockerConfig,
     runtime_dir: RuntimeDir,
     boot_id: String,
+    seccomp_profile: String,
+    nproc_ceiling: Option<i64>,
     /// Connected, version negotiated, runtime checked, stale containers swept: once.
     ready: OnceCell<Ready>,
 }
@@ -138,10 +140,30 @@ impl DockerBackend {
             });
         }
         let runtime_dir = RuntimeDir::open(&config.runtime_dir).map_err(DockerError::JobDir)?;
+        let profile = crate::seccomp::docker_profile(crate::seccomp::POLICY_JSON)
+            .map_err(DockerError::Seccomp)?;
+        // Docker takes the profile's JSON in the request; Podman's compatible API takes a
+        // path on the daemon's host (which is this host: the socket is local).
+        let seccomp_profile = match config.flavor {
+            Flavor::Docker | Flavor::Gvisor => profile,
+            Flavor::Podman => {
+                let path = config.runtime_dir.with_extension("seccomp.json");
+                write_atomically(&path, profile.as_bytes()).map_err(|source| {
+                    DockerError::WriteProfile {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                path.display().to_string()
+            }
+        };
+        let nproc_ceiling = (config.flavor == Flavor::Podman).then(pid_max);
         Ok(Self {
             config,
             runtime_dir,
             boot_id: cleanup::boot_id(),
+            seccomp_profile,
+            nproc_ceiling,
             ready: OnceCell::new(),
         })
     }
@@ -348,6 +370,8 @@ impl DockerBackend {
                 out_dir: out.map(OutMount::path),
                 runtime: self.config.runtime.as_deref(),
                 boot_id: &self.boot_id,
+                seccomp_profile: &self.seccomp_profile,
+                nproc_ceiling: self.nproc_ceiling,
             },
         );
         let setup_started = Instant::now();
@@ -509,6 +533,21 @@ impl DockerBackend {
             out_rejected: Vec::new(),
         })
     }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The host's `kernel.pid_max`: as RLIMIT_NPROC, no limit beyond the pids cgroup.
+fn pid_max() -> i64 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768)
 }
 
 /// Kills the container with SIGKILL; returns when to give up waiting for it to stop.

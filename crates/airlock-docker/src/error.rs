@@ -126,6 +126,17 @@ pub enum DockerError {
         /// The deadline.
         seconds: u64,
     },
+    /// The seccomp policy cannot be rendered as a container profile.
+    #[error("render the seccomp profile")]
+    Seccomp(#[source] crate::seccomp::ProfileError),
+    /// The seccomp profile file (for Podman) could not be written.
+    #[error("write the seccomp profile {path}")]
+    WriteProfile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A task of the backend failed.
     #[error("{0}")]
     Task(String),
@@ -148,6 +159,8 @@ impl DockerError {
             | DockerError::JobDir(_)
             | DockerError::MountOut { .. }
             | DockerError::Deadline { .. }
+            | DockerError::Seccomp(_)
+            | DockerError::WriteProfile { .. }
             | DockerError::Task(_) => ErrorKind::Internal,
         }
     }

@@ -15,6 +15,7 @@ pub mod doctor;
 pub mod error;
 pub mod image;
 pub mod outdir;
+pub mod seccomp;
 pub mod spec;
 
 use std::fmt;

@@ -61,6 +61,13 @@ pub struct ContainerPlan<'a> {
     pub runtime: Option<&'a str>,
     /// This host's boot id (for the stale-container sweep).
     pub boot_id: &'a str,
+    /// The seccomp profile, see [`crate::seccomp`]: its JSON for Docker, a path on the
+    /// daemon's host for Podman.
+    pub seccomp_profile: &'a str,
+    /// Podman: RLIMIT_NPROC to set explicitly. Rootful Podman otherwise asks for a default
+    /// above its own hard limit, which runc cannot set once every capability is dropped.
+    /// The job's real process limit is the pids cgroup.
+    pub nproc_ceiling: Option<i64>,
 }
 
 /// The labels of a job's container.
@@ -121,7 +128,13 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
     ];
     let pids = i64::from(limits.pids);
     let pids_limit = match plan.flavor {
-        Flavor::Docker | Flavor::Podman => pids,
+        Flavor::Docker => pids,
+        Flavor::Podman => {
+            if let Some(ceiling) = plan.nproc_ceiling {
+                ulimits.push(ulimit("nproc", ceiling));
+            }
+            pids
+        }
         Flavor::Gvisor => {
             // The job's limit, counted by gVisor's own kernel (sandbox-local: no other
             // container's processes of uid 65534 count, unlike RLIMIT_NPROC under runc).
@@ -158,7 +171,10 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
             shm_size: Some(saturating_i64(tmp_bytes)),
             binds: Some(binds),
             cap_drop: Some(vec!["ALL".to_owned()]),
-            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            security_opt: Some(vec![
+                "no-new-privileges".to_owned(),
+                format!("seccomp={}", plan.seccomp_profile),
+            ]),
             memory: Some(memory),
             memory_swap: Some(memory),
             nano_cpus: Some(i64::from(limits.cpus.millis()) * 1_000_000),
@@ -203,6 +219,8 @@ mod tests {
             out_dir: None,
             runtime: Some("runc"),
             boot_id: "boot",
+            seccomp_profile: "{}",
+            nproc_ceiling: Some(32768),
         }
     }
 
@@ -224,7 +242,10 @@ mod tests {
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
         assert_eq!(
             host.security_opt,
-            Some(vec!["no-new-privileges".to_owned()])
+            Some(vec![
+                "no-new-privileges".to_owned(),
+                "seccomp={}".to_owned()
+            ])
         );
         assert_eq!(host.memory, Some(256 << 20));
         assert_eq!(host.memory_swap, host.memory, "no swap");

@@ -1,0 +1,296 @@
+//! The backends under test, their policies, and running the CLI against them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// A backend of the suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Native,
+    Docker,
+    Gvisor,
+    Podman,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Native => "native",
+            Kind::Docker => "docker",
+            Kind::Gvisor => "gvisor",
+            Kind::Podman => "podman",
+        }
+    }
+
+    pub fn is_container(self) -> bool {
+        self != Kind::Native
+    }
+}
+
+/// `$AIRLOCK_TEST_IMAGE`: the image container backends run, `REF@sha256:…` (the CI script
+/// builds and loads it).
+pub const IMAGE_ENV: &str = "AIRLOCK_TEST_IMAGE";
+
+pub fn docker_socket() -> PathBuf {
+    std::env::var_os("AIRLOCK_DOCKER_SOCKET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"))
+}
+
+pub fn podman_socket() -> PathBuf {
+    std::env::var_os("AIRLOCK_PODMAN_SOCKET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/podman/podman.sock"))
+}
+
+/// The airlock binary: `$AIRLOCK_BIN`, else `airlock` next to this test's profile
+/// directory (build it first: `cargo build -p airlock-cli`).
+pub fn airlock_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("AIRLOCK_BIN") {
+        return PathBuf::from(bin);
+    }
+    let probe = airlock_testkit::probe_path();
+    probe.with_file_name("airlock")
+}
+
+/// Why `kind` cannot run here, if it cannot.
+pub fn unavailable(kind: Kind) -> Option<String> {
+    if !airlock_bin().is_file() {
+        return Some(format!(
+            "no airlock binary at {} (cargo build -p airlock-cli, or set AIRLOCK_BIN)",
+            airlock_bin().display()
+        ));
+    }
+    if !airlock_testkit::require::is_root() {
+        return Some(format!("the {} backend needs root here", kind.name()));
+    }
+    if kind.is_container() {
+        if std::env::var(IMAGE_ENV).map_or(true, |v| v.is_empty()) {
+            return Some(format!(
+                "{IMAGE_ENV} is not set (REF@sha256:… of a Debian 12 image with python3; scripts/ci/docker.sh builds one)"
+            ));
+        }
+        let socket = if kind == Kind::Podman {
+            podman_socket()
+        } else {
+            docker_socket()
+        };
+        if !socket.exists() {
+            return Some(format!(
+                "no daemon socket at {} for the {} backend",
+                socket.display(),
+                kind.name()
+            ));
+        }
+    }
+    None
+}
+
+/// One test's backend, state directory and policies.
+pub struct Target {
+    pub kind: Kind,
+    pub dir: tempfile::TempDir,
+}
+
+/// The result of `airlock run --json`.
+#[derive(Debug)]
+pub struct JsonRun {
+    pub obs: Value,
+    pub code: i32,
+    pub stderr: String,
+}
+
+impl Target {
+    pub fn new(kind: Kind) -> Self {
+        Self {
+            kind,
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// A policy file: `limits` lines under `[limits]`, `filesystem` lines under
+    /// `[filesystem]` (after the backend's rootfs), `extra` as given.
+    pub fn policy_with(&self, limits: &str, filesystem: &str, extra: &str) -> PathBuf {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let rootfs = if self.kind.is_container() {
+            format!(
+                "rootfs = \"image:{}\"",
+                std::env::var(IMAGE_ENV).unwrap_or_default()
+            )
+        } else {
+            "rootfs = \"host\"".to_owned()
+        };
+        let text = format!(
+            "version = \"test-1\"\n[limits]\n{limits}\n[filesystem]\n{rootfs}\n{filesystem}\n\
+             [docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{extra}\n",
+            docker_socket().display().to_string(),
+            podman_socket().display().to_string(),
+        );
+        let path = self.dir.path().join(format!(
+            "policy-{}.toml",
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).expect("write policy");
+        path
+    }
+
+    pub fn policy(&self) -> PathBuf {
+        self.policy_with("", "", "")
+    }
+
+    /// `airlock` with this test's state directory and nothing else of ours in its env.
+    pub fn cmd(&self) -> Command {
+        let mut cmd = Command::new(airlock_bin());
+        cmd.env("AIRLOCK_STATE_DIR", self.dir.path());
+        cmd.env_remove("AIRLOCK_LOG");
+        cmd
+    }
+
+    /// `airlock run --json --backend KIND --policy POLICY ARGS...`.
+    pub fn run_with(&self, policy: &Path, args: &[&str]) -> JsonRun {
+        let mut cmd = self.cmd();
+        cmd.arg("run")
+            .arg("--json")
+            .arg("--backend")
+            .arg(self.name())
+            .arg("--policy")
+            .arg(policy)
+            .args(args);
+        json_run(cmd.output().expect("spawn airlock"))
+    }
+
+    /// [`Target::run_with`] under the backend's default test policy.
+    pub fn run(&self, args: &[&str]) -> JsonRun {
+        self.run_with(&self.policy(), args)
+    }
+
+    /// Every audit line written so far (the test policies log next to themselves).
+    pub fn audit_lines(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.jsonl")).unwrap_or_default();
+        text.lines()
+            .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
+            .collect()
+    }
+}
+
+pub fn json_run(output: Output) -> JsonRun {
+    let stdout = String::from_utf8(output.stdout).expect("stdout is UTF-8");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let obs: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON object ({e}): {stdout:?}\nstderr: {stderr}")
+    });
+    JsonRun {
+        obs,
+        code: output.status.code().unwrap_or(-1),
+        stderr,
+    }
+}
+
+/// A marker no other test uses.
+pub fn marker(name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "airlock-conf-{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Host pids whose command line contains `needle`.
+pub fn host_pids_with(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(needle)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Containers of airlock (label `airlock.managed`) on a daemon, as `docker ps -aq` lists
+/// them, optionally only those of one job.
+pub fn airlock_containers(kind: Kind, job: Option<&str>) -> Vec<String> {
+    let socket = if kind == Kind::Podman {
+        podman_socket()
+    } else {
+        docker_socket()
+    };
+    let mut cmd = Command::new("docker");
+    cmd.env("DOCKER_HOST", format!("unix://{}", socket.display()))
+        .args(["ps", "-aq", "--no-trunc", "--filter", "label=airlock.managed=true"]);
+    if let Some(job) = job {
+        cmd.arg("--filter").arg(format!("label=airlock.job={job}"));
+    }
+    let out = cmd.output().expect("docker ps");
+    assert!(out.status.success(), "docker ps: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Asserts an error observation of `kind`, exit code 125.
+pub fn assert_error(run: &JsonRun, kind: &str) {
+    assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+    assert_eq!(run.obs["ok"], false);
+    assert_eq!(run.obs["error"]["kind"], kind, "{:#}", run.obs);
+    assert_eq!(run.code, 125, "exit code; stderr: {}", run.stderr);
+}
+
+/// Waits up to `secs` for `check` to hold.
+pub fn eventually(secs: u64, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    check()
+}
+
+/// Declares checks once and one `#[test]` per backend for each:
+/// `suite::<file>::<backend>::<check>`. A backend that cannot run here is skipped with the
+/// reason (a failure under `AIRLOCK_REQUIRE_ALL=1`).
+macro_rules! conformance {
+    ($(fn $name:ident($t:ident: &Target) $body:block)*) => {
+        $(fn $name($t: &$crate::suite::common::Target) $body)*
+        conformance!(@backend native, Native, $($name)*);
+        conformance!(@backend docker, Docker, $($name)*);
+        conformance!(@backend gvisor, Gvisor, $($name)*);
+        conformance!(@backend podman, Podman, $($name)*);
+    };
+    (@backend $module:ident, $kind:ident, $($name:ident)*) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    let kind = $crate::suite::common::Kind::$kind;
+                    let missing = $crate::suite::common::unavailable(kind);
+                    airlock_testkit::require!(missing.is_none(), missing.unwrap_or_default());
+                    super::$name(&$crate::suite::common::Target::new(kind));
+                }
+            )*
+        }
+    };
+}

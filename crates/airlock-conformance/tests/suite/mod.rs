@@ -1,0 +1,8 @@
+#[macro_use]
+pub mod common;
+mod basics;
+mod cleanup;
+mod images;
+mod limits;
+mod out;
+mod probe;
