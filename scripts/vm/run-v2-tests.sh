@@ -63,36 +63,44 @@ mkdir -p "$target_dir"
 target_dir=$(cd "$target_dir" && pwd)
 export CARGO_TARGET_DIR="$target_dir"
 
-# The test executables, from cargo's own report (the file names carry a hash).
+# The test executables, from cargo's own report (their file names carry a hash). The same
+# build as scripts/test.sh's `cargo nextest run --workspace --locked` (same packages, same
+# features), so after it nothing is compiled again; it also builds airlock and the probe.
 artifacts="$target_dir/vm-test-artifacts.json"
-if [ "$build" = 1 ]; then
-  log "building the test binaries and the probe in $target_dir"
-  cargo build --locked -p airlock-cli --bin airlock -p airlock-testkit --bin airlock-probe
-  cargo test --locked -p airlock-cli -p airlock-cgroup --no-run --message-format=json >"$artifacts"
-elif [ ! -s "$artifacts" ]; then
-  cargo test --locked --offline -p airlock-cli -p airlock-cgroup --no-run --message-format=json >"$artifacts"
+if [ "$build" = 1 ] || [ ! -s "$artifacts" ]; then
+  cargo_args=(--locked --workspace --no-run --message-format=json-render-diagnostics)
+  [ "$build" = 1 ] || cargo_args+=(--offline)
+  log "building the workspace's test binaries in $target_dir"
+  cargo test "${cargo_args[@]}" >"$artifacts.tmp"
+  mv "$artifacts.tmp" "$artifacts"
 fi
-find_test() {
-  python3 - "$artifacts" "$1" <<'EOF'
+# Prints the executable of the target $2 of kind $3 (test: the test build; bin: the
+# binary itself) of the package $1.
+find_artifact() {
+  python3 - "$artifacts" "$@" <<'PY'
 import json, sys
+path, package, name, kind = sys.argv[1:]
 found = None
-for line in open(sys.argv[1]):
+for line in open(path):
     m = json.loads(line)
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
     t = m["target"]
-    # package_id: "path+file:///.../crates/airlock-cli#0.1.0" (or "airlock-cli 0.1.0 (...)").
-    if t["name"] == "all" and "test" in t["kind"] and sys.argv[2] in m["package_id"]:
+    # package_id: "path+file:///.../airlock-cli#0.1.0", ".../dir#airlock-cli@0.1.0" or,
+    # before cargo 1.77, "airlock-cli 0.1.0 (path+file:///...)".
+    pid = m["package_id"]
+    ours = f"/{package}#" in pid or f"#{package}@" in pid or pid.startswith(f"{package} ")
+    if ours and t["name"] == name and kind in t["kind"] and m["profile"]["test"] == (kind == "test"):
         found = m["executable"]
 if not found:
-    sys.exit(f"no integration test binary of {sys.argv[2]} in {sys.argv[1]}")
+    sys.exit(f"no {kind} {name} of {package} in {path}")
 print(found)
-EOF
+PY
 }
-cli_bin=$(find_test airlock-cli)
-cgroup_bin=$(find_test airlock-cgroup)
-airlock_bin="$target_dir/debug/airlock"
-probe_bin="$target_dir/debug/airlock-probe"
+cli_bin=$(find_artifact airlock-cli all test)
+cgroup_bin=$(find_artifact airlock-cgroup all test)
+airlock_bin=$(find_artifact airlock-cli airlock bin)
+probe_bin=$(find_artifact airlock-testkit airlock-probe bin)
 for f in "$cli_bin" "$cgroup_bin" "$airlock_bin" "$probe_bin"; do
   [ -x "$f" ] || { echo "run-v2-tests.sh: $f is not built" >&2; exit 1; }
 done

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{Access, access};
 
-use crate::hierarchy::{V1_CONTROLLERS, V2_CONTROLLERS};
+use crate::hierarchy::{UnifiedMount, V1_CONTROLLERS, V2_CONTROLLERS};
 use crate::manager::GroupDir;
 use crate::{CgroupVersion, Hierarchy, ParentSpec, v1, v2};
 
@@ -192,13 +192,7 @@ impl Hierarchy {
             })
             .collect();
         controllers.push(present("cpu.stat", u.mount_point.clone()));
-        // A non-root cgroup to look for the optional files in: the parent if it exists,
-        // otherwise this process's own cgroup.
-        let probe_dir = parents
-            .first()
-            .map(|p| p.dir.clone())
-            .filter(|d| d.exists())
-            .or_else(|| u.own_dir().filter(|d| *d != u.mount_point));
+        let probe_dir = v2_probe_dir(u, parents);
         let kernel = kernel_release();
         HierarchyReport {
             version: CgroupVersion::V2,
@@ -229,6 +223,43 @@ impl Hierarchy {
     }
 }
 
+/// A non-root cgroup with the memory controller enabled, to look for the optional files
+/// in: the parent if it exists, else this process's own cgroup, else a child of the mount
+/// root (a systemd slice or scope). A cgroup whose parent does not enable memory for it has
+/// no `memory.*` files at all: looking there would report a kernel with swap accounting and
+/// `memory.peak` as one without them.
+fn v2_probe_dir(u: &UnifiedMount, parents: &[GroupDir]) -> Option<PathBuf> {
+    let chosen = parents
+        .first()
+        .map(|p| p.dir.clone())
+        .into_iter()
+        .chain(u.own_dir().filter(|d| *d != u.mount_point))
+        .find(|d| d.is_dir() && memory_enabled(d, true));
+    if chosen.is_some() {
+        return chosen;
+    }
+    let mut children: Vec<PathBuf> = std::fs::read_dir(&u.mount_point)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    children.sort();
+    children.into_iter().find(|d| memory_enabled(d, false))
+}
+
+/// Whether `dir/cgroup.controllers` lists memory. The real cgroupfs always has the file; a
+/// fake tree may not, and then `if_unknown` decides.
+fn memory_enabled(dir: &Path, if_unknown: bool) -> bool {
+    match std::fs::read_to_string(dir.join("cgroup.controllers")) {
+        Ok(text) => text.split_whitespace().any(|c| c == "memory"),
+        Err(_) => if_unknown,
+    }
+}
+
 fn present(name: &'static str, location: PathBuf) -> Check {
     Check {
         name,
@@ -246,7 +277,8 @@ fn probe(name: &'static str, dir: Option<&Path>, file: &str, missing: &str) -> C
             presence: Presence::Unknown,
             location: None,
             explanation: Some(
-                "only the root cgroup exists to look in; known once the parent is created"
+                "no cgroup with the memory controller enabled exists to look in yet; known \
+                 once the parent is created"
                     .to_owned(),
             ),
         };
@@ -419,6 +451,80 @@ mod tests {
         );
         assert_eq!(r.cgroup_kill.presence, Presence::Missing);
         assert!(r.to_string().starts_with("cgroup v1\n  memory"));
+        Ok(())
+    }
+
+    fn io(source: std::io::Error) -> CgroupError {
+        CgroupError::ReadFile {
+            path: PathBuf::from("test setup"),
+            source,
+        }
+    }
+
+    fn put(p: &Path, content: &str) -> Result<(), CgroupError> {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        std::fs::write(p, content).map_err(io)
+    }
+
+    /// A pure v2 host mounted at `root` (every file real cgroupfs would have at the root
+    /// level), this process in `own`.
+    fn fake_v2(root: &Path, own: &str) -> Result<Hierarchy, CgroupError> {
+        let mountinfo = format!(
+            "26 22 0:23 / {} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+            root.display()
+        );
+        put(&root.join("cgroup.controllers"), "cpu io memory pids\n")?;
+        let h = Hierarchy::from_proc_files(&mountinfo, &format!("0::{own}\n"))?;
+        Ok(h.with_unified_controllers("cpu io memory pids\n"))
+    }
+
+    #[test]
+    fn v2_optional_files_are_looked_for_where_memory_is_enabled() -> Result<(), CgroupError> {
+        let tmp = tempfile::tempdir().map_err(io)?;
+        let root = tmp.path();
+        let own = root.join("user.slice/session-2.scope");
+        // The session's slice does not enable memory for it: no memory.* files there. That
+        // says nothing about the kernel, and must not read as "no swap accounting".
+        put(&own.join("cgroup.controllers"), "pids\n")?;
+        put(&own.join("cgroup.kill"), "")?;
+        let h = fake_v2(root, "/user.slice/session-2.scope")?;
+        let spec = ParentSpec::Path("/airlock".into());
+        let r = h.report_for(&spec);
+        assert_eq!(r.swap_accounting.presence, Presence::Unknown, "{r}");
+        // Without a cgroup to look in, the kernel release decides (this host's is recent).
+        assert_ne!(r.memory_peak.presence, Presence::Missing, "{r}");
+
+        // A slice with memory enabled is looked in instead.
+        let slice = root.join("system.slice");
+        put(&slice.join("cgroup.controllers"), "cpu memory pids\n")?;
+        put(&slice.join("memory.peak"), "0\n")?;
+        put(&slice.join("cgroup.kill"), "")?;
+        let r = h.report_for(&spec);
+        assert_eq!(r.swap_accounting.presence, Presence::Missing, "{r}");
+        assert_eq!(
+            r.swap_accounting.location,
+            Some(slice.join("memory.swap.max"))
+        );
+        assert_eq!(r.memory_peak.presence, Presence::Present, "{r}");
+        put(&slice.join("memory.swap.max"), "max\n")?;
+        assert_eq!(
+            h.report_for(&spec).swap_accounting.presence,
+            Presence::Present
+        );
+
+        // The parent, once it exists with memory enabled, is looked in first.
+        put(
+            &root.join("airlock/cgroup.controllers"),
+            "memory pids cpu\n",
+        )?;
+        let r = h.report_for(&spec);
+        assert_eq!(r.swap_accounting.presence, Presence::Missing, "{r}");
+        assert_eq!(
+            r.swap_accounting.location,
+            Some(root.join("airlock/memory.swap.max"))
+        );
         Ok(())
     }
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use airlock_cgroup::{CgroupManager, CgroupVersion, Hierarchy, JobLimits, ParentSpec};
+use airlock_cgroup::{CgroupManager, CgroupVersion, Hierarchy, JobLimits, ParentSpec, Presence};
 use anyhow::{Context, Result, bail, ensure};
 use pretty_assertions::assert_eq;
 
@@ -79,6 +79,62 @@ fn the_report_of_this_host_is_ready() -> Result<()> {
     assert_eq!(r.version, h.version());
     assert!(r.ready(), "{r}");
     Ok(())
+}
+
+#[test]
+fn the_report_agrees_with_the_manager_on_swap_accounting() -> Result<()> {
+    let Some(p) = real_parent("swapreport")? else {
+        return Ok(());
+    };
+    let m = &p.manager;
+    let h = Hierarchy::detect()?;
+    if m.version() == CgroupVersion::V1 {
+        let r = h.report();
+        let present = r.swap_accounting.presence == Presence::Present;
+        assert_eq!(present, m.swap_accounting(), "{r}");
+        return Ok(());
+    }
+    // v2: a process whose own cgroup does not have the memory controller enabled (its
+    // parent's subtree_control lacks memory) sees no memory.* files there. The report must
+    // look elsewhere rather than conclude that the kernel lacks swap accounting.
+    let parent = m.parent_paths().into_iter().next().context("no parent")?;
+    let with_memory = parent.join("with-memory");
+    let no_memory = with_memory.join("no-memory");
+    let _cleanup = RemoveDirsOnDrop(vec![with_memory.clone(), no_memory.clone()]);
+    std::fs::create_dir(&with_memory)?;
+    std::fs::create_dir(&no_memory)?;
+    let kernel_has_swap_accounting = with_memory.join("memory.swap.max").exists();
+    assert_eq!(kernel_has_swap_accounting, m.swap_accounting());
+    assert!(!no_memory.join("memory.max").exists());
+    let mount = Path::new("/sys/fs/cgroup");
+    let own = no_memory.strip_prefix(mount)?.display().to_string();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let controllers = std::fs::read_to_string(mount.join("cgroup.controllers"))?;
+    let h = Hierarchy::from_proc_files(&mountinfo, &format!("0::/{own}\n"))?
+        .with_unified_controllers(&controllers);
+    let r = h.report_for(&ParentSpec::Path(format!("{own}/jobs").into()));
+    eprintln!("{r}");
+    if kernel_has_swap_accounting {
+        assert_ne!(r.swap_accounting.presence, Presence::Missing, "{r}");
+    }
+    if with_memory.join("memory.peak").exists() {
+        assert_ne!(r.memory_peak.presence, Presence::Missing, "{r}");
+    }
+    Ok(())
+}
+
+/// Removes empty cgroup directories (innermost last in the list) when dropped, also when
+/// the test fails.
+struct RemoveDirsOnDrop(Vec<PathBuf>);
+
+impl Drop for RemoveDirsOnDrop {
+    fn drop(&mut self) {
+        for dir in self.0.iter().rev() {
+            if dir.exists() && !remove_cgroup_dir(dir) {
+                eprintln!("cleanup: cannot remove {}", dir.display());
+            }
+        }
+    }
 }
 
 /// Set in the child process of the v2 case: the cgroup it moves itself into, alone, before
