@@ -222,6 +222,7 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
     let result = |observation| airlock_core::JobResult {
         observation,
         files: Vec::new(),
+        connections: Vec::new(),
     };
     let loaded = match &args.policy {
         Some(path) => match LoadedPolicy::from_file(path) {

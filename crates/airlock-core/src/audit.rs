@@ -11,9 +11,11 @@ use crate::job::JobId;
 use crate::observation::{Observation, Outcome};
 use crate::policy::{Limits, NetworkMode};
 
-/// One line of the audit log.
+/// One line of the audit log for a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditRecord {
+    /// Always `"job"` (connection lines say `"connection"`).
+    pub event: String,
     /// When the job was received (RFC 3339, UTC, milliseconds).
     pub time: String,
     /// The job's id.
@@ -60,6 +62,9 @@ pub struct AuditRecord {
     pub files_released: u64,
     /// Files of `/out` not released.
     pub files_rejected: u64,
+    /// Requests and tunnels through the egress proxy (proxy mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_usage: Option<crate::observation::NetworkCounts>,
     /// The program's wall time.
     pub duration_ms: u64,
     /// Sandbox construction before the program started.
@@ -105,6 +110,7 @@ impl AuditRecord {
     pub fn new(context: AuditContext, observation: &Observation) -> Self {
         let received = context.received_at.unwrap_or(UNIX_EPOCH);
         Self {
+            event: "job".to_owned(),
             time: format_rfc3339_millis(received),
             job_id: observation.job_id.clone(),
             backend: observation.backend,
@@ -128,6 +134,7 @@ impl AuditRecord {
             redactions: observation.redactions,
             files_released: observation.files.len() as u64,
             files_rejected: observation.rejected_files.len() as u64,
+            network_usage: observation.network.clone(),
             duration_ms: observation.duration_ms,
             setup_ms: millis(context.setup),
             total_ms: millis(context.total),
@@ -149,6 +156,26 @@ impl AuditRecord {
         line.push('\n');
         line
     }
+}
+
+/// The audit line of one egress-proxy connection: `{"event":"connection","time":…,
+/// "job_id":…, <the proxy's record>}`.
+pub fn connection_line(job_id: &JobId, record: &serde_json::Value) -> String {
+    let mut line = serde_json::Map::new();
+    line.insert("event".into(), "connection".into());
+    line.insert(
+        "time".into(),
+        format_rfc3339_millis(SystemTime::now()).into(),
+    );
+    line.insert("job_id".into(), job_id.as_str().into());
+    if let serde_json::Value::Object(fields) = record {
+        for (key, value) in fields {
+            line.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+    }
+    let mut text = serde_json::Value::Object(line).to_string();
+    text.push('\n');
+    text
 }
 
 fn millis(d: Duration) -> u64 {

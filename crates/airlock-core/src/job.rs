@@ -153,6 +153,8 @@ pub struct JobSpec {
     pub network: NetworkMode,
     /// Hosts reachable through the proxy.
     pub network_allow: Vec<String>,
+    /// The policy's network section (ranges, secrets, limits) for the proxy.
+    pub network_policy: crate::policy::NetworkPolicy,
     /// Root filesystem and directories.
     pub filesystem: FilesystemPolicy,
     /// The policy's version.
@@ -280,8 +282,16 @@ impl JobRequest {
             }
         }
 
-        let env = resolve_env(&self.env, policy)?;
+        let mut env = resolve_env(&self.env, policy)?;
         let (network, network_allow) = resolve_network(&self.network, policy)?;
+        if network == NetworkMode::Proxy {
+            // The job sees each secret only as its placeholder.
+            for secret in &policy.network.secrets {
+                env.retain(|(name, _)| name != &secret.env);
+                env.push((secret.env.clone(), secret.placeholder.clone()));
+            }
+            env.sort();
+        }
 
         let source_path = format!("{WORKDIR}/{}", language.file);
         let mut argv: Vec<String> = language
@@ -304,6 +314,7 @@ impl JobRequest {
             limits,
             network,
             network_allow,
+            network_policy: policy.network.clone(),
             filesystem: {
                 let mut fs = policy.filesystem.clone();
                 fs.out.enabled |= self.out;

@@ -91,6 +91,8 @@ pub struct JobResult {
     pub observation: Observation,
     /// The released files, in the order of `observation.files`.
     pub files: Vec<ReleasedFile>,
+    /// The egress proxy's records, one per request or tunnel, for the audit log.
+    pub connections: Vec<serde_json::Value>,
 }
 
 /// The result of one job.
@@ -137,6 +139,9 @@ pub struct Observation {
     /// Set only when `outcome` is `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// What went through the egress proxy (proxy mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkCounts>,
     /// Files of `/out` that were not released. Absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected_files: Vec<RejectedFile>,
@@ -181,6 +186,7 @@ impl Observation {
             }),
             rejected_files: Vec::new(),
             degraded: Vec::new(),
+            network: None,
         }
     }
 
@@ -249,6 +255,32 @@ pub struct RunReport {
     pub out_files: Vec<ReleasedFile>,
     /// Files of `/out` that were not released.
     pub out_rejected: Vec<RejectedFile>,
+    /// The egress proxy's account (proxy mode only).
+    pub network: Option<NetworkReport>,
+}
+
+/// What the egress proxy saw during one job.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NetworkReport {
+    /// Totals for the observation.
+    pub counts: NetworkCounts,
+    /// One record per request or tunnel, allowed or denied, for the audit log.
+    pub connections: Vec<serde_json::Value>,
+}
+
+/// Totals of the egress proxy's work for one job.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NetworkCounts {
+    /// Requests and tunnels, allowed or denied.
+    pub connections: u64,
+    /// How many of them were refused.
+    pub denied: u64,
+    /// Bytes sent upstream.
+    pub bytes_up: u64,
+    /// Bytes received from upstreams.
+    pub bytes_down: u64,
+    /// A proxy limit that was hit (`connections`, `bytes`, ...), if one was.
+    pub limit_hit: Option<String>,
 }
 
 impl RunReport {
@@ -334,10 +366,12 @@ impl RunReport {
             error: None,
             rejected_files: self.out_rejected,
             degraded: self.degraded,
+            network: self.network.as_ref().map(|n| n.counts.clone()),
         };
         JobResult {
             observation,
             files: released,
+            connections: self.network.map(|n| n.connections).unwrap_or_default(),
         }
     }
 }
@@ -421,6 +455,7 @@ mod tests {
             degraded: Vec::new(),
             out_files: Vec::new(),
             out_rejected: Vec::new(),
+            network: None,
         }
     }
 

@@ -531,6 +531,7 @@ impl DockerBackend {
             degraded: Vec::new(),
             out_files: Vec::new(),
             out_rejected: Vec::new(),
+            network: None,
         })
     }
 }

@@ -54,9 +54,13 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one record.
+    /// Appends one job record.
     pub fn append(&self, record: &AuditRecord) -> Result<(), EngineError> {
-        let line = record.to_json_line();
+        self.append_line(&record.to_json_line())
+    }
+
+    /// Appends one line (already JSON, newline-terminated).
+    pub fn append_line(&self, line: &str) -> Result<(), EngineError> {
         let err = |source| EngineError::Audit {
             path: self.path.clone(),
             source,

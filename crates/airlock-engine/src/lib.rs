@@ -171,6 +171,7 @@ impl Engine {
         let error_result = |observation: Observation| JobResult {
             observation,
             files: Vec::new(),
+            connections: Vec::new(),
         };
         let result = match request.resolve(&self.policy) {
             Err(e) => {
@@ -230,6 +231,12 @@ impl Engine {
             }
         };
         context.total = started.elapsed();
+        for record in &result.connections {
+            let line = airlock_core::audit::connection_line(&result.observation.job_id, record);
+            if let Err(e) = self.audit.append_line(&line) {
+                tracing::error!(error = %e, "audit line of a connection not written");
+            }
+        }
         if let Err(e) = self
             .audit
             .append(&AuditRecord::new(context, &result.observation))

@@ -24,8 +24,8 @@ use crate::jobdir::{JobDir, RuntimeDir};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::out::{self, OutCaps};
 use crate::plan::{
-    HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, RlimitResource,
-    RlimitSetting, STATUS_FD, SandboxPlan,
+    HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, PROXY_PORT,
+    RlimitResource, RlimitSetting, STATUS_FD, SandboxPlan,
 };
 
 /// Longest time from starting the helper to the program's exec.
@@ -46,6 +46,24 @@ pub const STATUS_LINE_MAX_BYTES: u64 = 4096;
 /// `kernel.core_pattern` is a pipe (systemd-coredump, apport), except that 1 means "no
 /// dump"; and a file dump needs at least a page. So 1 is the value that disables both.
 pub const CORE_RLIMIT_BYTES: u64 = 1;
+/// The job's environment: its own, plus in proxy mode where the proxy is.
+fn job_env(job: &JobSpec) -> Vec<(String, String)> {
+    let mut env = job.env.clone();
+    if job.network == NetworkMode::Proxy {
+        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
+        for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.retain(|(n, _)| n != name);
+            env.push((name.to_owned(), proxy.clone()));
+        }
+        for name in ["NO_PROXY", "no_proxy"] {
+            env.retain(|(n, _)| n != name);
+            env.push((name.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+        }
+        env.sort();
+    }
+    env
+}
+
 /// Inodes of `/out` beyond `max_files`, for the directories a job makes.
 pub const OUT_SPARE_INODES: u64 = 64;
 /// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
@@ -179,12 +197,6 @@ impl NativeBackend {
     }
 
     fn check_supported(&self, job: &JobSpec) -> Result<(), NativeError> {
-        if job.network == NetworkMode::Proxy {
-            return Err(NativeError::FeatureUnavailable {
-                feature: "network mode proxy",
-                reason: "the egress proxy is not built yet; use network mode none".into(),
-            });
-        }
         if let RootfsSpec::Image { .. } = job.filesystem.rootfs {
             return Err(NativeError::FeatureUnavailable {
                 feature: "image rootfs",
@@ -291,10 +303,10 @@ impl NativeBackend {
             cwd: airlock_core::job::WORKDIR.to_owned(),
             rlimits,
             argv: job.argv.clone(),
-            env: job.env.clone(),
+            env: job_env(job),
             seccomp: self.seccomp.clone(),
             send_out_dir: job.filesystem.out.enabled,
-            proxy_port: None,
+            proxy_port: (job.network == NetworkMode::Proxy).then_some(PROXY_PORT),
         })
     }
 
@@ -310,6 +322,22 @@ impl NativeBackend {
         tap: Option<OutputTap>,
     ) -> Result<RunReport, NativeError> {
         self.check_supported(job)?;
+        // The proxy's configuration is checked before anything is created: a secret whose
+        // value is missing on the host refuses the job.
+        let proxy_config = match job.network {
+            NetworkMode::Proxy => Some(Arc::new(
+                airlock_proxy::ProxyConfig::from_policy(
+                    &job.network_policy,
+                    &job.network_allow,
+                    |name| std::env::var(name).ok(),
+                )
+                .map_err(|e| NativeError::Unsupported {
+                    control: "egress proxy",
+                    reason: e.to_string(),
+                })?,
+            )),
+            NetworkMode::None => None,
+        };
         tracing::debug!(job_id = %job.id, "creating sandbox");
         let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
         let limits = JobLimits {
@@ -322,7 +350,7 @@ impl NativeBackend {
             None => None,
         };
         let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
-        let supervised = self.supervise(job, &plan, tap).await;
+        let supervised = self.supervise(job, &plan, tap, proxy_config).await;
 
         // Teardown, whatever happened: kill what is left, read the accounting, remove the
         // cgroup and the job directory. Blocking work, off the async threads.
@@ -369,6 +397,7 @@ impl NativeBackend {
             degraded: self.degraded.clone(),
             out_files: released.files,
             out_rejected: released.rejected,
+            network: supervised.network,
         })
     }
 
@@ -377,6 +406,7 @@ impl NativeBackend {
         job: &JobSpec,
         plan: &SandboxPlan,
         tap: Option<OutputTap>,
+        proxy_config: Option<Arc<airlock_proxy::ProxyConfig>>,
     ) -> Result<Supervised, NativeError> {
         let spawned_at = Instant::now();
         let (plan_read, plan_write) = cloexec_pipe()?;
@@ -524,7 +554,7 @@ impl NativeBackend {
         } else {
             None
         };
-        let _proxy_listener = if plan.proxy_port.is_some() {
+        let proxy_listener = if plan.proxy_port.is_some() {
             handed.next()
         } else {
             None
@@ -535,6 +565,25 @@ impl NativeBackend {
                 "the sandbox did not hand over /out".into(),
             ));
         }
+        // The proxy accepts on the socket bound inside the job's network namespace and
+        // dials out from ours: the job has no route anywhere, only this listener.
+        let proxy = match (proxy_listener, proxy_config) {
+            (Some(listener), Some(config)) => Some(
+                airlock_proxy::spawn(std::net::TcpListener::from(listener), config).map_err(
+                    |e| {
+                        let _ = child.start_kill();
+                        NativeError::Helper(format!("start the egress proxy: {e}"))
+                    },
+                )?,
+            ),
+            (None, Some(_)) => {
+                let _ = child.start_kill();
+                return Err(NativeError::Helper(
+                    "the sandbox did not hand over the proxy socket".into(),
+                ));
+            }
+            _ => None,
+        };
 
         // Phase 2: the program runs, against the wall clock and the flood limit.
         let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
@@ -586,7 +635,12 @@ impl NativeBackend {
         }
         let stdout = drain(stdout_task).await;
         let stderr = drain(stderr_task).await;
+        let network = match proxy {
+            Some(proxy) => Some(network_report(proxy.shutdown().await)),
+            None => None,
+        };
         Ok(Supervised {
+            network,
             out_dir,
             termination,
             usage,
@@ -600,6 +654,7 @@ impl NativeBackend {
 }
 
 struct Supervised {
+    network: Option<airlock_core::observation::NetworkReport>,
     out_dir: Option<std::os::fd::OwnedFd>,
     termination: Termination,
     usage: Option<crate::plan::Usage>,
@@ -608,6 +663,27 @@ struct Supervised {
     stderr: CapturedOutput,
     duration: Duration,
     setup: Duration,
+}
+
+/// The observation's totals and the audit records of a proxy's work.
+fn network_report(
+    summary: airlock_proxy::ProxySummary,
+) -> airlock_core::observation::NetworkReport {
+    let (allowed, denied) = summary.counts();
+    airlock_core::observation::NetworkReport {
+        counts: airlock_core::observation::NetworkCounts {
+            connections: (allowed + denied) as u64 + summary.refused_after_limit,
+            denied: denied as u64 + summary.refused_after_limit,
+            bytes_up: summary.bytes_up,
+            bytes_down: summary.bytes_down,
+            limit_hit: summary.limit_hit.map(|l| l.to_string()),
+        },
+        connections: summary
+            .connections
+            .iter()
+            .filter_map(|record| serde_json::to_value(record).ok())
+            .collect(),
+    }
 }
 
 fn teardown(cgroup: Option<JobCgroup>, jobdir: JobDir) -> Result<Option<JobStats>, NativeError> {
@@ -798,7 +874,7 @@ impl Backend for NativeBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: BackendKind::Native,
-            network_proxy: false,
+            network_proxy: true,
             out_dir: true,
             image_rootfs: false,
         }

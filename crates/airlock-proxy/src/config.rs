@@ -135,7 +135,17 @@ impl ProxyConfig {
             allow_ranges: AllowedRanges::new(ranges),
             secrets,
             limits: network.limits.clone(),
-            resolver: Resolver::System,
+            resolver: if network.hosts.is_empty() {
+                Resolver::System
+            } else {
+                Resolver::SystemWithHosts(
+                    network
+                        .hosts
+                        .iter()
+                        .map(|(name, ips)| (normalize_name(name), ips.clone()))
+                        .collect(),
+                )
+            },
             connect_gate: None,
         })
     }
@@ -266,6 +276,13 @@ pub enum Resolver {
     /// A fixed table, keyed by lower-case name; a name not in it does not resolve. For
     /// tests: `allowed.test` → `127.0.0.1` without any DNS.
     Static(HashMap<String, Vec<IpAddr>>),
+    /// The policy's `[network] hosts` table first, then the host's resolver.
+    SystemWithHosts(HashMap<String, Vec<IpAddr>>),
+}
+
+/// A name as the table keys it: lower case, without a trailing dot.
+fn normalize_name(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
 }
 
 #[cfg(test)]

@@ -118,7 +118,12 @@ async fn resolve(resolver: &Resolver, name: &str, port: u16) -> Result<Vec<IpAdd
             .filter(|answers| !answers.is_empty())
             .cloned()
             .ok_or_else(|| format!("{name} does not resolve")),
-        Resolver::System => {
+        Resolver::SystemWithHosts(table) if table.contains_key(name) => table
+            .get(name)
+            .filter(|answers| !answers.is_empty())
+            .cloned()
+            .ok_or_else(|| format!("{name} has no address in the policy's hosts table")),
+        Resolver::System | Resolver::SystemWithHosts(_) => {
             let answers = tokio::net::lookup_host((name, port))
                 .await
                 .map_err(|e| format!("{name} does not resolve: {e}"))?;
