@@ -94,6 +94,7 @@ impl Setup {
             allow_ranges: self.allow_ranges,
             secrets: self.secrets,
             limits: self.limits,
+            hosts: Default::default(),
         };
         let values = self.secret_values;
         let dialled = Dialled::default();
