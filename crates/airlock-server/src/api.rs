@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 /// A job, as `POST /v1/runs` takes it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("anyOf" = [{"required": ["code"]}, {"required": ["code_base64"]}]))]
 pub struct RunRequest {
     /// A language the policy defines (the built-in policy: python, node, bash, sh).
     pub language: String,

@@ -93,7 +93,10 @@ pub fn document() -> Value {
                     "operationId": "health",
                     "summary": "Liveness and load",
                     "security": [],
-                    "responses": {"200": {"description": "Serving.", "content": {"application/json": {"schema": health}}}}
+                    "responses": {
+                        "200": {"description": "Serving.", "content": {"application/json": {"schema": health.clone()}}},
+                        "503": {"description": "Shutting down.", "content": {"application/json": {"schema": health}}}
+                    }
                 }
             },
             "/metrics": {
@@ -102,7 +105,7 @@ pub fn document() -> Value {
                     "summary": "Prometheus metrics",
                     "security": bearer,
                     "responses": {
-                        "200": {"description": "Prometheus text exposition.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                        "200": {"description": "Prometheus text exposition.", "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}},
                         "401": error_response("Missing or wrong bearer token.")
                     }
                 }
