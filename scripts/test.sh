@@ -22,6 +22,7 @@ fi
 need=()
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v python3 >/dev/null || need+=(python3)
+command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
