@@ -173,11 +173,20 @@ impl Hierarchy {
             // version() is V2 only with a unified mount; keep the report total anyway.
             return self.report_v1(parents, parent);
         };
+        let parent_dir = parents.first().map(|p| p.dir.as_path());
         let mut controllers: Vec<Check> = V2_CONTROLLERS
             .into_iter()
             .map(|c| {
                 if u.controllers.iter().any(|x| x == c) {
-                    present(c, u.mount_point.clone())
+                    match parent_dir.and_then(|p| v2_not_delegated(&u.mount_point, p, c)) {
+                        None => present(c, u.mount_point.clone()),
+                        Some((control, explanation)) => Check {
+                            name: c,
+                            presence: Presence::Missing,
+                            location: Some(control),
+                            explanation: Some(explanation),
+                        },
+                    }
                 } else {
                     Check {
                         name: c,
@@ -221,6 +230,35 @@ impl Hierarchy {
             parent,
         }
     }
+}
+
+/// Whether job groups under `parent` can get controller `c` from this process: every
+/// existing cgroup from the mount root down to `parent` must enable it for its children
+/// (`cgroup.subtree_control`) or let this process enable it. The kernel having it at the
+/// root is not enough: a rootless airlock in a delegated subtree gets only what was
+/// delegated. Returns the `cgroup.subtree_control` that stands in the way and why. Levels
+/// without the file (a fake tree) are passed over.
+fn v2_not_delegated(mount: &Path, parent: &Path, c: &str) -> Option<(PathBuf, String)> {
+    let rel = parent.strip_prefix(mount).ok()?;
+    let mut level = mount.to_path_buf();
+    let mut levels = vec![level.clone()];
+    for component in rel.components() {
+        level.push(component);
+        levels.push(level.clone());
+    }
+    for dir in levels.iter().take_while(|d| d.is_dir()) {
+        let control = dir.join("cgroup.subtree_control");
+        let Ok(enabled) = std::fs::read_to_string(&control) else {
+            continue;
+        };
+        if enabled.split_whitespace().any(|e| e == c) {
+            continue;
+        }
+        if access(&control, Access::WRITE_OK).is_err() {
+            return Some((control, v2::not_delegated_reason(c)));
+        }
+    }
+    None
 }
 
 /// A non-root cgroup with the memory controller enabled, to look for the optional files

@@ -154,8 +154,32 @@ fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
                 controllers: value,
             })
         }
+        // An ancestor this process does not own (rootless, or a delegation without these
+        // controllers): say which controllers are not delegated rather than only EACCES.
+        Err(CgroupError::WriteFile { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            Err(CgroupError::MissingController {
+                controller: missing.first().copied().unwrap_or("memory"),
+                reason: format!(
+                    "{} {}",
+                    control.display(),
+                    not_delegated_reason(&missing.join(", "))
+                ),
+            })
+        }
         other => other,
     }
+}
+
+/// Why job groups cannot get `controllers`, said of a `cgroup.subtree_control` that lacks
+/// them and may not be written.
+pub(crate) fn not_delegated_reason(controllers: &str) -> String {
+    format!(
+        "does not enable {controllers} for its children and this process may not enable it: \
+         delegate the cgroup with memory, pids and cpu (systemd: Delegate=yes) or choose a \
+         parent where they are enabled"
+    )
 }
 
 /// `memory.max`, `memory.swap.max` = 0 when swap is accounted, `cpu.max`, `pids.max`.

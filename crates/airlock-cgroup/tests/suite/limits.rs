@@ -1,5 +1,6 @@
 //! Limits land in the real cgroupfs files; the report agrees with the host.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -321,5 +322,132 @@ fn auto_v2_child(delegated: &Path) -> Result<()> {
     assert!(!dir.exists());
     m.remove_created_parents()?;
     assert!(!delegated.join("jobs").exists());
+    Ok(())
+}
+
+/// Set in the unprivileged child of the delegation test: the delegated cgroups to use.
+const DELEGATION_CHILD_ENV: &str = "AIRLOCK_CGROUP_TEST_DELEGATION_CHILD";
+/// That test's name, for running it again in a child process.
+const DELEGATION_TEST: &str =
+    "suite::limits::an_unprivileged_user_gets_only_the_delegated_controllers";
+/// The unprivileged user and group the child runs as.
+const UNPRIVILEGED_ID: u32 = 1000;
+
+/// Rootless on v2: a user owns a delegated cgroup (as systemd gives `user@.service`), and
+/// the report and the manager see what was delegated, not what the kernel has at the root.
+#[test]
+fn an_unprivileged_user_gets_only_the_delegated_controllers() -> Result<()> {
+    if let Some(dirs) = std::env::var_os(DELEGATION_CHILD_ENV) {
+        let dirs = PathBuf::from(dirs);
+        return delegation_child(&dirs.join("full"), &dirs.join("no-cpu/user"));
+    }
+    let Some(p) = real_parent("delegation")? else {
+        return Ok(());
+    };
+    if p.manager.version() == CgroupVersion::V1 {
+        // Nothing to delegate: airlock uses v1 hierarchies as root only.
+        return Ok(());
+    }
+    let base = p
+        .manager
+        .parent_paths()
+        .into_iter()
+        .next()
+        .context("no parent")?;
+    // full: under the test parent, which enables memory, pids and cpu for its children.
+    // no-cpu/user: under a slice that enables only memory and pids.
+    let full = base.join("full");
+    let slice = base.join("no-cpu");
+    let user = slice.join("user");
+    let _cleanup = RemoveDirsOnDrop(vec![full.clone(), slice.clone(), user.clone()]);
+    std::fs::create_dir(&full)?;
+    std::fs::create_dir(&slice)?;
+    std::fs::write(slice.join("cgroup.subtree_control"), "+memory +pids")?;
+    std::fs::create_dir(&user)?;
+    for dir in [&full, &user] {
+        for file in [
+            "",
+            "cgroup.procs",
+            "cgroup.threads",
+            "cgroup.subtree_control",
+        ] {
+            let owner = Some(UNPRIVILEGED_ID);
+            std::os::unix::fs::chown(dir.join(file), owner, owner)?;
+        }
+    }
+    let out = Command::new(std::env::current_exe()?)
+        .args([
+            "--exact",
+            DELEGATION_TEST,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DELEGATION_CHILD_ENV, &base)
+        .uid(UNPRIVILEGED_ID)
+        .gid(UNPRIVILEGED_ID)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("child:\n{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for dir in [full.join("jobs"), user.join("jobs")] {
+        if dir.exists() && !remove_cgroup_dir(&dir) {
+            bail!("{} left behind", dir.display());
+        }
+    }
+    assert!(out.status.success(), "the child failed: {:?}", out.status);
+    assert!(stdout.contains("1 passed"), "the child ran no test");
+    Ok(())
+}
+
+/// The child of the delegation test, as an unprivileged user.
+fn delegation_child(full: &Path, no_cpu: &Path) -> Result<()> {
+    ensure!(
+        !rustix::process::geteuid().is_root(),
+        "the child runs as root"
+    );
+    let mount = Path::new("/sys/fs/cgroup");
+    let spec = |dir: &Path| -> Result<ParentSpec> {
+        Ok(ParentSpec::Path(
+            dir.join("jobs").strip_prefix(mount)?.to_path_buf(),
+        ))
+    };
+
+    // Everything delegated: the report is ready and the user creates job groups with limits.
+    let h = Hierarchy::detect()?;
+    let r = h.report_for(&spec(full)?);
+    assert!(r.ready(), "{r}");
+    let m = CgroupManager::new(h, spec(full)?)?;
+    let job = m.create_job("rootless", &SMALL)?;
+    let dir = full.join("jobs/rootless");
+    let memory_max = std::fs::read_to_string(dir.join("memory.max"))?;
+    assert_eq!(memory_max.trim(), SMALL.memory_bytes.to_string());
+    let cpu_max = std::fs::read_to_string(dir.join("cpu.max"))?;
+    assert_eq!(cpu_max.trim(), "50000 100000");
+    job.remove()?;
+    m.remove_created_parents()?;
+
+    // cpu not delegated: the report names the subtree_control that lacks it, and the
+    // manager refuses with the controller, not a bare permission error.
+    let h = Hierarchy::detect()?;
+    let r = h.report_for(&spec(no_cpu)?);
+    eprintln!("{r}");
+    assert!(!r.ready(), "{r}");
+    let missing: Vec<(&str, Option<PathBuf>)> = r
+        .controllers
+        .iter()
+        .filter(|c| c.presence != Presence::Present)
+        .map(|c| (c.name, c.location.clone()))
+        .collect();
+    let slice_control = no_cpu
+        .parent()
+        .context("no slice")?
+        .join("cgroup.subtree_control");
+    assert_eq!(missing, vec![("cpu", Some(slice_control))]);
+    match CgroupManager::new(h, spec(no_cpu)?) {
+        Err(airlock_cgroup::CgroupError::MissingController {
+            controller: "cpu",
+            reason,
+        }) => assert!(reason.contains("delegate"), "{reason}"),
+        other => bail!("expected cpu to be missing, got {other:?}"),
+    }
     Ok(())
 }
