@@ -44,6 +44,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Exit codes above this (up to 128 + 64) mean "killed by signal (code - 128)": the Engine
 /// API reports only an exit code, and runtimes report a signal death as 128 + N.
 pub const SIGNAL_EXIT_BASE: i64 = 128;
+/// SIGKILL.
+const SIGKILL: i32 = 9;
 /// The highest signal number.
 pub const SIGNAL_MAX: i64 = 64;
 /// runsc must load the OCI seccomp profile into the sandbox, or the job runs without one.
@@ -140,8 +142,11 @@ impl DockerBackend {
             });
         }
         let runtime_dir = RuntimeDir::open(&config.runtime_dir).map_err(DockerError::JobDir)?;
-        let profile = crate::seccomp::docker_profile(crate::seccomp::POLICY_JSON)
-            .map_err(DockerError::Seccomp)?;
+        let profile = crate::seccomp::docker_profile(
+            crate::seccomp::POLICY_JSON,
+            config.flavor == Flavor::Gvisor,
+        )
+        .map_err(DockerError::Seccomp)?;
         // Docker takes the profile's JSON in the request; Podman's compatible API takes a
         // path on the daemon's host (which is this host: the socket is local).
         let seccomp_profile = match config.flavor {
@@ -516,7 +521,16 @@ impl DockerBackend {
             Some(code) => Termination::Exited(i32::try_from(code).unwrap_or(i32::MAX)),
             None => Termination::Unknown,
         };
-        let oom_kills = u64::from(state.oom_killed.unwrap_or(false));
+        let mut oom_kills = u64::from(state.oom_killed.unwrap_or(false));
+        // Podman 4.3 on cgroup v1 does not report OOMKilled. The job's pid 1 ignores
+        // SIGKILL from inside its namespace, so a SIGKILL airlock did not send came from
+        // the kernel: the OOM killer.
+        if self.config.flavor == Flavor::Podman
+            && limit_hit.is_none()
+            && termination == Termination::Signaled(SIGKILL)
+        {
+            oom_kills = oom_kills.max(1);
+        }
         Ok(RunReport {
             termination,
             limit_hit,

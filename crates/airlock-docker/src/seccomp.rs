@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 /// The reviewed policy, embedded at build time (the same file the native backend compiles).
 pub const POLICY_JSON: &str = include_str!("../../../policy/seccomp.json");
 
+/// `ENOSYS`, the allowlist's answer to everything else.
+const ENOSYS: i64 = 38;
 /// `EPERM`, the denylist's answer.
 const EPERM: i64 = 1;
 /// `SOCK_STREAM` and `SOCK_DGRAM`: the IP socket types a job may open.
@@ -91,7 +93,12 @@ fn render_args(args: &[Cond]) -> Value {
 
 /// Renders the policy as a Docker seccomp profile (JSON text for `SecurityOpt:
 /// seccomp=…`).
-pub fn docker_profile(policy_json: &str) -> Result<String, ProfileError> {
+///
+/// `allow_clone3`: gVisor answers every `SCMP_ACT_ERRNO` of an OCI profile with `EPERM`
+/// (its runsc of 2022 ignores `errnoRet`), on which glibc gives up creating threads instead
+/// of falling back to `clone`. There `clone3` is allowed: its namespace flags create
+/// namespaces of gVisor's own kernel, never of the host's.
+pub fn docker_profile(policy_json: &str, allow_clone3: bool) -> Result<String, ProfileError> {
     let policy: Value =
         serde_json::from_str(policy_json).map_err(|e| ProfileError::Shape(e.to_string()))?;
     let allow = rules(&policy, "allow")?;
@@ -155,13 +162,21 @@ pub fn docker_profile(policy_json: &str) -> Result<String, ProfileError> {
     denied_unconditional.sort();
     denied_unconditional.dedup();
     let mut syscalls = vec![json!({"names": unconditional, "action": "SCMP_ACT_ALLOW"})];
+    // clone3 must look unimplemented, so libc falls back to clone (whose flags the filter
+    // can read). Docker 20.10 ignores defaultErrnoRet and would answer EPERM, on which
+    // glibc gives up creating threads.
+    if allow_clone3 {
+        syscalls.push(json!({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}));
+    } else if !allow.iter().any(|r| r.syscall == "clone3") {
+        syscalls.push(json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS}));
+    }
     syscalls.extend(entries);
     syscalls.push(
         json!({"names": denied_unconditional, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}),
     );
     let profile = json!({
         "defaultAction": "SCMP_ACT_ERRNO",
-        "defaultErrnoRet": 38,
+        "defaultErrnoRet": ENOSYS,
         "architectures": ["SCMP_ARCH_X86_64"],
         "syscalls": syscalls,
     });
@@ -173,7 +188,7 @@ mod tests {
     use super::*;
 
     fn profile() -> Value {
-        serde_json::from_str(&docker_profile(POLICY_JSON).unwrap()).unwrap()
+        serde_json::from_str(&docker_profile(POLICY_JSON, false).unwrap()).unwrap()
     }
 
     fn actions_for(profile: &Value, name: &str) -> Vec<Value> {
@@ -207,8 +222,10 @@ mod tests {
             assert_eq!(rules[0]["action"], "SCMP_ACT_ERRNO", "{name}");
             assert_eq!(rules[0]["errnoRet"], 1, "{name}");
         }
-        // Absent from both lists: the default (ENOSYS).
-        assert!(actions_for(&p, "clone3").is_empty());
+        // Absent from both lists: ENOSYS, explicitly for clone3 (libc then uses clone).
+        let clone3 = actions_for(&p, "clone3");
+        assert_eq!(clone3.len(), 1);
+        assert_eq!(clone3[0]["errnoRet"], 38);
     }
 
     #[test]

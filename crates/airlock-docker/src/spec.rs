@@ -144,6 +144,17 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
     };
     let tmp_bytes = limits.tmp.as_u64();
     let memory = saturating_i64(limits.memory.as_u64());
+    let mut tmpfs = HashMap::from([(
+        "/tmp".to_owned(),
+        format!("rw,noexec,nosuid,nodev,size={tmp_bytes}"),
+    )]);
+    if plan.flavor == Flavor::Podman {
+        // Podman's --read-only adds writable tmpfs at /run and /var/tmp; the Engine API has
+        // no switch for that, so they are replaced by empty read-only ones.
+        for path in ["/run", "/var/tmp"] {
+            tmpfs.insert(path.to_owned(), "ro,noexec,nosuid,nodev,size=4k".to_owned());
+        }
+    }
     let has_stdin = job.stdin.is_some();
     ContainerCreateBody {
         image: Some(plan.image_id.to_owned()),
@@ -164,10 +175,7 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
         host_config: Some(HostConfig {
             network_mode: Some("none".to_owned()),
             readonly_rootfs: Some(true),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_owned(),
-                format!("rw,noexec,nosuid,nodev,size={tmp_bytes}"),
-            )])),
+            tmpfs: Some(tmpfs),
             shm_size: Some(saturating_i64(tmp_bytes)),
             binds: Some(binds),
             cap_drop: Some(vec!["ALL".to_owned()]),

@@ -137,10 +137,10 @@ impl Target {
             docker_socket().display().to_string(),
             podman_socket().display().to_string(),
         );
-        let path = self.dir.path().join(format!(
-            "policy-{}.toml",
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
+        let path = self
+            .dir
+            .path()
+            .join(format!("policy-{}.toml", N.fetch_add(1, Ordering::Relaxed)));
         std::fs::write(&path, text).expect("write policy");
         path
     }
@@ -237,12 +237,22 @@ pub fn airlock_containers(kind: Kind, job: Option<&str>) -> Vec<String> {
     };
     let mut cmd = Command::new("docker");
     cmd.env("DOCKER_HOST", format!("unix://{}", socket.display()))
-        .args(["ps", "-aq", "--no-trunc", "--filter", "label=airlock.managed=true"]);
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            "label=airlock.managed=true",
+        ]);
     if let Some(job) = job {
         cmd.arg("--filter").arg(format!("label=airlock.job={job}"));
     }
     let out = cmd.output().expect("docker ps");
-    assert!(out.status.success(), "docker ps: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "docker ps: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_owned)
@@ -274,7 +284,7 @@ pub fn eventually(secs: u64, mut check: impl FnMut() -> bool) -> bool {
 /// reason (a failure under `AIRLOCK_REQUIRE_ALL=1`).
 macro_rules! conformance {
     ($(fn $name:ident($t:ident: &Target) $body:block)*) => {
-        $(fn $name($t: &$crate::suite::common::Target) $body)*
+        $(fn $name($t: &Target) $body)*
         conformance!(@backend native, Native, $($name)*);
         conformance!(@backend docker, Docker, $($name)*);
         conformance!(@backend gvisor, Gvisor, $($name)*);

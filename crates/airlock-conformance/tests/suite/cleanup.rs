@@ -1,0 +1,147 @@
+//! Nothing of a job survives it, whatever happens to it or to airlock: files, processes,
+//! containers, job directories.
+
+use std::path::{Path, PathBuf};
+
+use pretty_assertions::assert_eq;
+
+use super::common::{Kind, Target, airlock_containers, eventually, host_pids_with, marker};
+
+/// Where a job's directory is on the host, per backend.
+fn runtime_dir(kind: Kind) -> &'static Path {
+    if kind.is_container() {
+        Path::new("/run/airlock-docker")
+    } else {
+        Path::new("/run/airlock")
+    }
+}
+
+fn job_dir_with(kind: Kind, tag: &str) -> Option<PathBuf> {
+    std::fs::read_dir(runtime_dir(kind))
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let source = std::fs::read_to_string(entry.path().join("work/main.py")).ok()?;
+            source.contains(tag).then(|| entry.path())
+        })
+}
+
+/// Starts a long job carrying `tag` and waits until it runs (its directory exists, and
+/// for containers its container too).
+fn start_long_job(t: &Target, tag: &str) -> (std::process::Child, String) {
+    let source = format!("import time\n# {tag}\nprint('started', flush=True)\ntime.sleep(1000)");
+    let policy = t.policy_with("timeout = \"60s\"", "", "");
+    let child = t
+        .cmd()
+        .args(["run", "--json", "--backend", t.name(), "--policy"])
+        .arg(&policy)
+        .args(["-c", &source, "--", tag])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut job = String::new();
+    let started = eventually(30, || {
+        let Some(dir) = job_dir_with(t.kind, tag) else {
+            return false;
+        };
+        job = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if t.kind.is_container() {
+            !airlock_containers(t.kind, Some(&job)).is_empty()
+        } else {
+            host_pids_with(tag).len() >= 2
+        }
+    });
+    assert!(started, "the job never started");
+    // Give the program a moment past the container's creation.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    (child, job)
+}
+
+fn assert_nothing_left(t: &Target, tag: &str, job: &str) {
+    assert!(
+        eventually(10, || host_pids_with(tag).is_empty()),
+        "job processes survived: {:?}",
+        host_pids_with(tag)
+    );
+    assert!(
+        !runtime_dir(t.kind).join(job).exists(),
+        "job directory {job} left behind"
+    );
+    if t.kind.is_container() {
+        assert_eq!(
+            airlock_containers(t.kind, Some(job)),
+            Vec::<String>::new(),
+            "container of job {job} left behind"
+        );
+    }
+}
+
+conformance! {
+    fn files_written_by_one_job_are_absent_in_the_next(t: &Target) {
+        let policy = t.policy_with("", "workdir = \"rw\"", "");
+        let write = "for p in ['/tmp/mark', '/dev/shm/mark', '/work/mark']:\n    open(p, 'w').write('x')\nprint('written')";
+        let run = t.run_with(&policy, &["-c", write]);
+        assert_eq!(run.obs["stdout"], "written\n", "{:#}", run.obs);
+        let check = "import os\nprint([p for p in ['/tmp/mark', '/dev/shm/mark', '/work/mark'] if os.path.exists(p)])";
+        let run = t.run_with(&policy, &["-c", check]);
+        assert_eq!(run.obs["stdout"], "[]\n", "{:#}", run.obs);
+    }
+
+    fn a_timed_out_job_leaves_nothing(t: &Target) {
+        let tag = marker("timeout");
+        let source = format!("import time\n# {tag}\ntime.sleep(1000)");
+        let run = t.run(&["--timeout", "1s", "-c", &source, "--", &tag]);
+        assert_eq!(run.obs["outcome"], "timeout", "{:#}", run.obs);
+        assert_nothing_left(t, &tag, run.obs["job_id"].as_str().unwrap());
+    }
+
+    fn sigterm_kills_the_job_cleans_up_and_audits(t: &Target) {
+        let tag = marker("sigterm");
+        let (child, job) = start_long_job(t, &tag);
+        rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::TERM).unwrap();
+        let run = super::common::json_run(child.wait_with_output().unwrap());
+        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+        let message = run.obs["error"]["message"].as_str().unwrap();
+        assert!(message.contains("SIGTERM"), "{message}");
+        assert_eq!(run.code, 125);
+        assert_eq!(run.obs["job_id"], job.as_str());
+        // Right when airlock has exited: its own shutdown path removed everything.
+        assert_eq!(host_pids_with(&tag), Vec::<u32>::new(), "job processes survived");
+        assert_nothing_left(t, &tag, &job);
+        let audit = t.audit_lines();
+        assert_eq!(audit.len(), 1);
+        assert_eq!(audit[0]["job_id"], job.as_str());
+    }
+
+    fn a_killed_airlock_is_swept_by_the_next_run(t: &Target) {
+        let tag = marker("sigkill");
+        let (mut child, job) = start_long_job(t, &tag);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The next airlock run removes what the dead one left (or a test running in
+        // parallel already did).
+        let run = t.run(&["-c", "pass"]);
+        assert_eq!(run.obs["ok"], true, "{:#}", run.obs);
+        assert_nothing_left(t, &tag, &job);
+    }
+
+    fn a_container_that_fails_to_start_is_removed(t: &Target) {
+        if t.kind != Kind::Docker {
+            // Needs a runtime registered to fail (scripts/ci/docker.sh registers
+            // `airlock-broken` = /bin/false with dockerd); the native backend has no
+            // containers, and gvisor/podman share this path of the code.
+            eprintln!("{}: covered by the docker run of this check", t.name());
+            return;
+        }
+        let policy = t.policy_with("", "", "runtime = \"airlock-broken\"");
+        let tag = marker("nostart");
+        let source = format!("# {tag}\nprint('never')");
+        let run = t.run_with(&policy, &["-c", &source]);
+        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+        assert_eq!(run.obs["error"]["kind"], "internal", "{:#}", run.obs);
+        let message = run.obs["error"]["message"].as_str().unwrap();
+        assert!(message.contains("start container"), "{message}");
+        assert_nothing_left(t, &tag, run.obs["job_id"].as_str().unwrap());
+    }
+}

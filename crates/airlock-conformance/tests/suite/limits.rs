@@ -1,0 +1,125 @@
+//! Limits hold and end the job as the right outcome: wall time, processes, memory, output.
+
+use std::time::{Duration, Instant};
+
+use pretty_assertions::assert_eq;
+
+use super::common::{Kind, Target, host_pids_with, marker};
+
+/// Counts how many tasks the job can hold at once (processes or threads), printing the
+/// count and the errno (or message) of the first failure.
+const FORK_COUNTER: &str = "import os, time\n\
+                            n = 1\n\
+                            try:\n\
+                            \x20   while n < 1000:\n\
+                            \x20       if os.fork() == 0:\n\
+                            \x20           time.sleep(30)\n\
+                            \x20           os._exit(0)\n\
+                            \x20       n += 1\n\
+                            except OSError as e:\n\
+                            \x20   print(n, e.errno)";
+const THREAD_COUNTER: &str = "import threading, time\n\
+                              n = 1\n\
+                              try:\n\
+                              \x20   while n < 1000:\n\
+                              \x20       threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n\
+                              \x20       n += 1\n\
+                              except RuntimeError as e:\n\
+                              \x20   print(n, 'no thread')";
+
+conformance! {
+    fn wall_time_kills_a_busy_loop_within_timeout_plus_one_second(t: &Target) {
+        let started = Instant::now();
+        let run = t.run(&["--timeout", "1s", "-c", "while True: pass"]);
+        let elapsed = started.elapsed();
+        assert_eq!(run.obs["outcome"], "timeout", "{:#}", run.obs);
+        assert_eq!(run.obs["ok"], false);
+        assert_eq!(run.code, 124);
+        // The CLI's whole run: start-up, a container's creation and removal included.
+        let slack = match t.kind {
+            Kind::Native => 2,
+            Kind::Docker | Kind::Gvisor => 4,
+            // Podman creates and removes containers slowly (2-4 s each under the suite's
+            // parallel load); the job's own duration is checked below.
+            Kind::Podman => 20,
+        };
+        assert!(elapsed < Duration::from_secs(slack), "took {elapsed:?}");
+        let duration = run.obs["duration_ms"].as_u64().unwrap();
+        // gVisor's sandbox takes up to ~0.6 s to die after SIGKILL.
+        let kill_ms = if t.kind == Kind::Gvisor { 1000 } else { 500 };
+        assert!((1000..1000 + kill_ms).contains(&duration), "duration_ms {duration}");
+    }
+
+    fn wall_time_kills_the_whole_tree(t: &Target) {
+        let tag = marker("tree");
+        let source = "import os, signal, time\n\
+                      for _ in range(3):\n\
+                      \x20   if os.fork() == 0:\n\
+                      \x20       signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+                      \x20       time.sleep(1000)\n\
+                      time.sleep(1000)";
+        let run = t.run(&["--timeout", "1s", "-c", source, "--", &tag]);
+        assert_eq!(run.obs["outcome"], "timeout", "{:#}", run.obs);
+        // gVisor's processes are not host processes; its whole sandbox is gone with the
+        // container (checked by the container-leak tests).
+        assert_eq!(host_pids_with(&tag), Vec::<u32>::new());
+    }
+
+    fn double_forked_setsid_sleeper_is_gone_when_the_job_ends(t: &Target) {
+        let tag = marker("daemon");
+        let source = "import os, sys\n\
+                      if os.fork() == 0:\n\
+                      \x20   os.setsid()\n\
+                      \x20   if os.fork() == 0:\n\
+                      \x20       os.execvp('sleep', ['sleep', '1000', sys.argv[1]])\n\
+                      \x20   os._exit(0)\n\
+                      os.wait()\n\
+                      print('parent exits')";
+        let run = t.run(&["-c", source, "--", &tag]);
+        assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+        assert_eq!(run.obs["stdout"], "parent exits\n");
+        assert_eq!(host_pids_with(&tag), Vec::<u32>::new(), "the daemon survived the job");
+    }
+
+    fn fork_bomb_is_held_at_the_pids_limit(t: &Target) {
+        let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", FORK_COUNTER]);
+        assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+        assert_eq!(run.obs["stdout"], "16 11\n", "processes held, errno EAGAIN");
+        // A real bomb: every child forks too. It ends at the wall clock, leaving nothing.
+        let tag = marker("bomb");
+        let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass";
+        let run = t.run(&["--timeout", "2s", "-c", bomb, "--", &tag]);
+        // gVisor at the default 256 MiB: 64 forked interpreters use more memory in its
+        // kernel than in Linux, so the bomb may end as oom before the clock runs out.
+        let outcome = run.obs["outcome"].as_str().unwrap();
+        let allowed: &[&str] = if t.kind == Kind::Gvisor { &["timeout", "oom"] } else { &["timeout"] };
+        assert!(allowed.contains(&outcome), "{:#}", run.obs);
+        assert_eq!(host_pids_with(&tag), Vec::<u32>::new(), "bomb processes survived");
+    }
+
+    fn thread_bomb_is_held_at_the_pids_limit(t: &Target) {
+        let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", THREAD_COUNTER]);
+        assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+        assert_eq!(run.obs["stdout"], "16 no thread\n", "threads held");
+    }
+
+    fn allocating_a_gigabyte_ends_as_oom(t: &Target) {
+        let run = t.run(&["-c", "b = bytearray(1 << 30)\nprint('allocated')"]);
+        assert_eq!(run.obs["outcome"], "oom", "{:#}", run.obs);
+        assert_eq!(run.obs["ok"], false);
+        assert_eq!(run.obs["stdout"], "");
+        assert_eq!(run.code, 137);
+        if let Some(peak) = run.obs["peak_memory_bytes"].as_u64() {
+            assert!(peak <= 256 * 1024 * 1024 + 1024 * 1024, "peak {peak} above the limit");
+        }
+    }
+
+    fn output_flood_is_killed_as_output_limit(t: &Target) {
+        let run = t.run(&["-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)"]);
+        assert_eq!(run.obs["outcome"], "output_limit", "{:#}", run.obs);
+        assert_eq!(run.code, 137);
+        assert!(run.obs["stdout_bytes"].as_u64().unwrap() >= 64 * 1024 * 1024);
+        assert_eq!(run.obs["stdout_truncated"], true);
+        assert_eq!(run.obs["stdout"].as_str().unwrap().len(), 8000);
+    }
+}
