@@ -262,7 +262,7 @@ mod tests {
         let policy = r#"{"allow": {"filter": [{"syscall": "read"}]},
                           "deny": {"filter": [{"syscall": "read", "args": [{"index": 0, "type": "dword", "op": "eq", "val": 3}]}]}}"#;
         assert!(matches!(
-            docker_profile(policy),
+            docker_profile(policy, false),
             Err(ProfileError::Overlap(_))
         ));
     }
