@@ -525,7 +525,9 @@ impl DockerBackend {
         // Podman 4.3 on cgroup v1 does not report OOMKilled. The job's pid 1 ignores
         // SIGKILL from inside its namespace, so a SIGKILL airlock did not send came from
         // the kernel: the OOM killer.
-        if self.config.flavor == Flavor::Podman
+        // gVisor's kernel may kill the job itself when it runs out of memory, before the
+        // host cgroup's OOM killer acts, and the daemon then sees no OOM either.
+        if matches!(self.config.flavor, Flavor::Podman | Flavor::Gvisor)
             && limit_hit.is_none()
             && termination == Termination::Signaled(SIGKILL)
         {
