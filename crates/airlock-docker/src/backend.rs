@@ -547,7 +547,6 @@ impl DockerBackend {
             degraded: Vec::new(),
             out_files: Vec::new(),
             out_rejected: Vec::new(),
-            network: None,
         })
     }
 }
