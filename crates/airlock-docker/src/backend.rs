@@ -547,6 +547,7 @@ impl DockerBackend {
             degraded: Vec::new(),
             out_files: Vec::new(),
             out_rejected: Vec::new(),
+            network: None,
         })
     }
 }
