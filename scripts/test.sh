@@ -52,7 +52,9 @@ cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo nextest run --workspace (as root)"
-cargo nextest run --workspace --locked --no-fail-fast -E 'not test(/::rootless::/)'
+# The conformance suite runs per backend from scripts/ci/docker.sh, once the daemons are up.
+cargo nextest run --workspace --locked --no-fail-fast \
+  -E 'not test(/::rootless::/) and not package(airlock-conformance)'
 
 # The rootless tests, as an unprivileged user this script creates. The clone may live
 # where that user cannot reach (/root), so the binaries they need are copied out.
@@ -73,6 +75,12 @@ chmod 755 "$rootless_dir" "$rootless_dir"/*
 (cd "$rootless_dir" && runuser -u airlock-ci -- env -i PATH=/usr/local/bin:/usr/bin:/bin \
   HOME=/home/airlock-ci AIRLOCK_REQUIRE_ALL=1 AIRLOCK_BIN="$rootless_dir/airlock" \
   AIRLOCK_PROBE="$rootless_dir/airlock-probe" "$rootless_dir/e2e" ::rootless:: --test-threads=2)
+log "conformance suite on every backend (scripts/ci/docker.sh)"
+./scripts/ci/docker.sh
+
+log "server: MCP client, OpenAPI validation, schemathesis (scripts/ci/server.sh)"
+./scripts/ci/server.sh
+
 if [ -s "$AIRLOCK_SKIP_LOG" ]; then
   echo "skipped tests:" >&2
   cat "$AIRLOCK_SKIP_LOG" >&2
