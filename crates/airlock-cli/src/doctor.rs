@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use airlock_core::{JobRequest, Outcome};
+use airlock_core::{BackendKind, JobRequest, Outcome};
 use airlock_engine::LoadedPolicy;
 use airlock_native::doctor::{Check, DoctorReport, Status, diagnose};
 use clap::Args;
@@ -20,6 +20,9 @@ pub struct DoctorArgs {
     /// Check against this policy (default: the built-in policy).
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
+    /// The backend to check: native, docker, podman, gvisor.
+    #[arg(long, value_name = "BACKEND", default_value = "native")]
+    backend: String,
 }
 
 pub fn doctor(args: DoctorArgs) -> ExitCode {
@@ -33,8 +36,59 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
         },
         None => LoadedPolicy::builtin(),
     };
-    let mut report = diagnose(&loaded.policy);
-    report.push(live_check(&loaded));
+    let kind: BackendKind = match args.backend.parse() {
+        Ok(kind) => kind,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: start runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut report = match kind {
+        BackendKind::Native => diagnose(&loaded.policy),
+        BackendKind::Docker | BackendKind::Podman | BackendKind::Gvisor => {
+            let flavor = match kind {
+                BackendKind::Podman => airlock_docker::Flavor::Podman,
+                BackendKind::Gvisor => airlock_docker::Flavor::Gvisor,
+                _ => airlock_docker::Flavor::Docker,
+            };
+            let mut report = DoctorReport {
+                backend: kind.as_str(),
+                ready: true,
+                checks: Vec::new(),
+            };
+            for check in runtime.block_on(airlock_docker::doctor::doctor(&loaded.policy, flavor)) {
+                report.push(check);
+            }
+            report
+        }
+        BackendKind::Kube => {
+            let mut report = DoctorReport {
+                backend: kind.as_str(),
+                ready: true,
+                checks: Vec::new(),
+            };
+            report.push(Check {
+                control: "kube".to_owned(),
+                status: Status::Missing,
+                detail: "the Kubernetes backend is not built yet".to_owned(),
+                fix: Some("use --backend native, docker, podman or gvisor".to_owned()),
+            });
+            report
+        }
+    };
+    if kind != BackendKind::Kube {
+        report.push(live_check(&loaded, kind, &runtime));
+    }
     if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(text) => println!("{text}"),
@@ -50,13 +104,16 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
     }
 }
 
-/// Runs a real job through the native backend: the only proof that every control applies.
-fn live_check(loaded: &LoadedPolicy) -> Check {
+/// Runs a real job through the backend: the only proof that every control applies.
+fn live_check(
+    loaded: &LoadedPolicy,
+    kind: BackendKind,
+    runtime: &tokio::runtime::Runtime,
+) -> Check {
     const CONTROL: &str = "sandbox end to end";
     let outcome = (|| -> Result<String, String> {
-        let helper = airlock_native::backend::current_exe().map_err(|e| error_chain(&e))?;
-        let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
-        let backend = airlock_native::NativeBackend::new(config).map_err(|e| error_chain(&e))?;
+        let backend =
+            airlock_engine::backends::open(kind, loaded).map_err(|e| e.message.clone())?;
         let language = if loaded.policy.languages.contains_key("sh") {
             "sh"
         } else {
@@ -80,14 +137,10 @@ fn live_check(loaded: &LoadedPolicy) -> Check {
         }
         .resolve(&loaded.policy)
         .map_err(|e| e.to_string())?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
         let started = Instant::now();
         let report = runtime
-            .block_on(backend.run_job(&spec))
-            .map_err(|e| error_chain(&e))?;
+            .block_on(backend.run(&spec, None))
+            .map_err(|e| e.message)?;
         let outcome = report.outcome();
         if outcome != Outcome::Exited || report.termination != airlock_core::Termination::Exited(0)
         {

@@ -242,12 +242,19 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
         Ok(kind) => kind,
         Err(e) => return result(refuse(ErrorKind::InvalidInput, e, &version)),
     };
-    if args.image.is_some() {
-        return result(refuse(
-            ErrorKind::BackendUnavailable,
-            "--image: OCI image rootfs is not built yet; use a policy with rootfs \"host\" or \"dir:/path\"",
-            &version,
-        ));
+    // --image replaces the policy's rootfs: whoever runs the CLI owns the policy too.
+    let mut loaded = loaded;
+    if let Some(image) = &args.image {
+        match format!("image:{image}").parse::<airlock_core::policy::RootfsSpec>() {
+            Ok(rootfs) => loaded.policy.filesystem.rootfs = rootfs,
+            Err(e) => {
+                return result(refuse(
+                    ErrorKind::InvalidInput,
+                    format!("--image: {e}"),
+                    &version,
+                ));
+            }
+        }
     }
     if let Some(dir) = &args.out
         && let Err(e) = check_out_dir(dir)
