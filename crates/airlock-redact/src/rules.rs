@@ -346,6 +346,29 @@ mod tests {
         assert!(re.is_match("é@".as_bytes()));
     }
 
+    /// The prefilter runs a rule only when one of its keywords is in the text, so every
+    /// match must contain one (checked on the examples), within the stream holdback of its
+    /// start.
+    #[test]
+    fn every_example_match_contains_a_keyword() {
+        for rule in load_builtin().unwrap() {
+            for example in &rule.examples {
+                let m = rule.regex.find(example.as_bytes()).unwrap();
+                let matched = example[m.range()].to_ascii_lowercase();
+                let first = rule
+                    .keywords
+                    .iter()
+                    .filter_map(|k| matched.find(k.as_str()))
+                    .min();
+                assert!(
+                    first.is_some_and(|at| at < crate::STREAM_HOLDBACK_BYTES),
+                    "{}: no keyword in {matched:?}",
+                    rule.id
+                );
+            }
+        }
+    }
+
     /// Every built-in rule is bounded by the stream holdback, or is one of the few
     /// unbounded rules whose every long-enough prefix is matched (README "Streaming").
     #[test]

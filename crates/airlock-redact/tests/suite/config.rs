@@ -108,3 +108,9 @@ fn invalid_exact_values_are_refused_without_echoing_them() {
     assert!(matches!(err, RedactError::InvalidExact { index: 1, .. }));
     assert!(!err.to_string().contains("pw1"));
 }
+
+#[test]
+fn unicode_can_be_turned_back_on_in_an_extra_regex() {
+    let r = Redactor::new(&config(&[r"id:(?u:\w){4,}"], &[])).unwrap();
+    assert_eq!(r.redact("id:abcdé!").text, "[REDACTED:extra-0]!");
+}
