@@ -94,6 +94,9 @@ log "serving on $base"
 log "MCP over streamable HTTP (/mcp) with the mcp package"
 timeout 300 "$py" "$checks" http "$base/mcp" "$token"
 
+log "the docs/serve.md example: run_in_container() with the standard library"
+AIRLOCK_URL="$base" AIRLOCK_TOKEN="$token" timeout 120 python3 crates/airlock-server/tests/py/run_in_container.py
+
 log "validating the OpenAPI document"
 "$py" -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1]).read())' \
   "$base/v1/openapi.json" "$work/openapi.json"

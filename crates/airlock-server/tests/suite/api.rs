@@ -333,3 +333,14 @@ fn without_tokens_only_loopback_is_served() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("without a tokens file"), "{stderr}");
 }
+
+#[test]
+fn the_python_example_in_the_docs_is_the_tested_one() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = std::fs::read_to_string(root.join("tests/py/run_in_container.py")).unwrap();
+    let doc = std::fs::read_to_string(root.join("../../docs/serve.md")).unwrap();
+    assert!(
+        doc.contains(&example),
+        "docs/serve.md must hold tests/py/run_in_container.py verbatim"
+    );
+}
