@@ -11,23 +11,30 @@ use crate::require_server;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graceful_shutdown_finishes_kills_refuses_and_leaves_nothing_behind() {
     require_server!();
+    // A 60 s ceiling lets the long job run far past the grace period unless killed.
     let mut server = Server::start(Opts {
         args: [
+            "--policy",
+            "long.toml",
             "--max-in-flight",
             "2",
             "--queue",
             "4",
             "--shutdown-grace",
-            "2s",
+            "4s",
         ]
         .map(String::from)
         .to_vec(),
+        files: vec![(
+            "long.toml".into(),
+            "version = \"long-1\"\n[limits]\ntimeout = \"60s\"\n".into(),
+        )],
         ..Default::default()
     });
     let marker = format!("shutdown-{}", std::process::id());
     let job = |seconds: f64| {
         json!({"language": "python", "code": format!("import time; time.sleep({seconds}); print('done')"),
-               "args": [marker.clone()]})
+               "args": [marker.clone()], "timeout": "60s"})
     };
     let send = |body: Value| {
         let url = server.url("/v1/runs");
@@ -38,7 +45,7 @@ async fn graceful_shutdown_finishes_kills_refuses_and_leaves_nothing_behind() {
         })
     };
     let short = send(job(1.5));
-    let long = send(job(4.5));
+    let long = send(job(30.0));
     wait_health(&server, |h| h["jobs_in_flight"] == 2).await;
     let queued = send(job(0.1));
     wait_health(&server, |h| h["queue_depth"] == 1).await;
@@ -71,7 +78,7 @@ async fn graceful_shutdown_finishes_kills_refuses_and_leaves_nothing_behind() {
             .unwrap()
             .contains("server shutdown")
     );
-    let exit = server.wait(Duration::from_secs(20));
+    let exit = server.wait(Duration::from_secs(30));
     assert!(exit.success(), "{exit:?}\n{}", server.log());
 
     let long_id = body["job_id"].as_str().unwrap().to_owned();

@@ -132,6 +132,7 @@ async fn an_sse_client_that_never_reads_holds_neither_a_slot_nor_the_server() {
     )
     .unwrap();
     // Never read. The job ends by itself and frees its slot; the next job runs.
+    wait_health(&server, |h| h["jobs_in_flight"] == 1).await;
     let start = Instant::now();
     loop {
         let answer = post_run(&server, None, &python("print(1)")).await;
@@ -205,9 +206,10 @@ async fn a_client_that_goes_away_gets_its_job_killed_and_audited() {
                 assert_eq!(line["error_kind"], "internal", "{line}");
                 break;
             }
+            // The job sleeps 4 s: its audit line says whether it was killed or ended.
             assert!(
-                gone.elapsed() < Duration::from_millis(3000),
-                "the job outlived its client (stream={stream})"
+                gone.elapsed() < Duration::from_secs(15),
+                "no audit line for the job (stream={stream})"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
