@@ -3,8 +3,8 @@
 //! blocks, JWTs, passwords in connection strings, and whatever the policy adds (extra regexes,
 //! exact values). It owns the rules (data under `policy/redaction/`, embedded at build time),
 //! their keyword prefilter, and the chunk-boundary handling of streams. It is pure: no I/O, no
-//! `unsafe`, no logging (it sees secrets), no backtracking regex engine; every call is linear
-//! in its input. It must not decide what output is kept or how it is escaped: the caller
+//! `unsafe`, no logging (it sees secrets), and only the `regex` and `aho-corasick` crates'
+//! linear-time engines, so every call is linear in its input. It must not decide what output is kept or how it is escaped: the caller
 //! passes the already bounded, escaped text.
 //!
 //! # The dialect

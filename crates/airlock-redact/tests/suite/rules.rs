@@ -143,3 +143,15 @@ fn overlapping_rules_redact_the_union() {
     assert_eq!(out.text, "Authorization: Bearer [REDACTED:jwt]\n");
     assert_eq!(out.count, 1);
 }
+
+/// Found by the properties: the END label used to run on into the next key's BEGIN line,
+/// and the second key's body was left in clear.
+#[test]
+fn two_private_keys_on_one_line_are_both_redacted() {
+    let ec = CASES[5].input;
+    let rsa = CASES[4].input.trim_end_matches("\nkey loaded");
+    assert!(ec.starts_with("-----BEGIN EC") && rsa.starts_with("-----BEGIN RSA"));
+    let out = builtin().redact(&format!("{ec} {rsa}\n"));
+    assert_eq!(out.text, "[REDACTED:private-key] [REDACTED:private-key]\n");
+    assert_eq!(out.count, 2);
+}
