@@ -177,7 +177,7 @@ pub async fn serve_stdio(executor: Arc<dyn Executor>) -> Result<(), McpError> {
 pub struct EngineExecutor {
     engine: Arc<Engine>,
     policy: Arc<Policy>,
-    slots: tokio::sync::Semaphore,
+    slots: Arc<tokio::sync::Semaphore>,
     max_in_flight: u32,
     interrupt: tokio::sync::watch::Receiver<Option<String>>,
 }
@@ -194,7 +194,7 @@ impl EngineExecutor {
         Self {
             policy: Arc::new(engine.policy().clone()),
             engine,
-            slots: tokio::sync::Semaphore::new(max_in_flight as usize),
+            slots: Arc::new(tokio::sync::Semaphore::new(max_in_flight as usize)),
             max_in_flight,
             interrupt,
         }
@@ -236,16 +236,37 @@ impl Executor for EngineExecutor {
                 return refuse("airlock is shutting down");
             }
             let permit = tokio::select! {
-                permit = self.slots.acquire() => permit,
+                permit = self.slots.clone().acquire_owned() => permit,
                 _ = interrupted(self.interrupt.clone()) => return refuse("airlock is shutting down"),
             };
-            let Ok(_permit) = permit else {
+            let Ok(permit) = permit else {
                 return refuse("airlock is shutting down");
             };
-            self.engine
-                .run_until(request, tenant, interrupted(self.interrupt.clone()), None)
-                .await
-                .observation
+            // The job runs in its own task: if this call is dropped (the client cancelled
+            // or went away), `_alive` is dropped too, which interrupts the job through
+            // the engine, so it is killed and still audited.
+            let (_alive, gone) = tokio::sync::oneshot::channel::<()>();
+            let engine = self.engine.clone();
+            let shutdown = self.interrupt.clone();
+            let task = tokio::spawn(async move {
+                let interrupt = async move {
+                    tokio::select! {
+                        reason = interrupted(shutdown) => reason,
+                        _ = gone => "the call was cancelled".to_owned(),
+                    }
+                };
+                let result = engine.run_until(request, tenant, interrupt, None).await;
+                drop(permit);
+                result
+            });
+            match task.await {
+                Ok(result) => result.observation,
+                Err(e) => airlock_engine::early_error(
+                    ErrorKind::Internal,
+                    format!("the job's task failed: {e}"),
+                    &self.policy.version,
+                ),
+            }
         })
     }
 }

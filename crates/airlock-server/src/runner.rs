@@ -429,12 +429,34 @@ impl airlock_mcp::Executor for Runner {
 
     fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, Observation> {
         Box::pin(async move {
-            match Runner::run(self, tenant.as_deref(), request, None).await {
-                Ok(result) => result.observation,
+            let admitted = match self.admit(tenant.as_deref()).await {
+                Ok(admitted) => admitted,
                 Err(refusal) => {
-                    refusal_observation(refusal, &Runner::policy(self, tenant.as_deref()).version)
+                    return refusal_observation(
+                        refusal,
+                        &Runner::policy(self, tenant.as_deref()).version,
+                    );
                 }
-            }
+            };
+            // The job runs in its own task: if the MCP call is dropped (client gone,
+            // request cancelled), the guard fires and the job is killed and still audited.
+            let gone = tokio_util::sync::CancellationToken::new();
+            let guard = gone.clone().drop_guard();
+            let task = tokio::spawn(async move {
+                admitted
+                    .run_until(request, None, gone.cancelled_owned())
+                    .await
+            });
+            let observation = match task.await {
+                Ok(result) => result.observation,
+                Err(e) => airlock_engine::early_error(
+                    ErrorKind::Internal,
+                    format!("the job's task failed: {e}"),
+                    &Runner::policy(self, tenant.as_deref()).version,
+                ),
+            };
+            drop(guard.disarm());
+            observation
         })
     }
 }

@@ -10,6 +10,7 @@ succeeds, one that fails, and one that is refused; exits non-zero on any mismatc
 """
 import asyncio
 import json
+import os
 import sys
 
 from mcp import ClientSession
@@ -81,7 +82,8 @@ async def main():
     mode = sys.argv[1]
     if mode == "stdio":
         from mcp.client.stdio import StdioServerParameters, stdio_client
-        params = StdioServerParameters(command=sys.argv[2], args=["mcp"], env=None)
+        # The client's default environment is a minimal one; pass ours on (AIRLOCK_STATE_DIR).
+        params = StdioServerParameters(command=sys.argv[2], args=["mcp"], env=dict(os.environ))
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write) as session:
                 await exercise(session, "stdio")
