@@ -155,3 +155,16 @@ fn two_private_keys_on_one_line_are_both_redacted() {
     assert_eq!(out.text, "[REDACTED:private-key] [REDACTED:private-key]\n");
     assert_eq!(out.count, 2);
 }
+
+/// airlock escapes a carriage return as the four characters `\x0d` before redaction: every
+/// case still redacts the same with CRLF line ends.
+#[test]
+fn escaped_carriage_returns_do_not_hide_secrets() {
+    for case in CASES {
+        let input = format!("{}\n", case.input).replace('\n', "\\x0d\n");
+        let expected = format!("{}\n", case.expected).replace('\n', "\\x0d\n");
+        let out = builtin().redact(&input);
+        assert_eq!(out.text, expected, "{}", case.id);
+        assert_eq!(out.count, 1);
+    }
+}
