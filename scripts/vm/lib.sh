@@ -20,10 +20,12 @@ VM_CPU_MODEL="${AIRLOCK_VM_CPU_MODEL:-max,-erms}"
 # Host-side bound on one boot, in seconds.
 VM_TIMEOUT_S="${AIRLOCK_VM_TIMEOUT_S:-1200}"
 
+# The host's Python (3.11 on Debian 12): the jobs of the tests are Python.
+VM_PYTHON=$(python3 -c 'import sys; print("python%d.%d" % sys.version_info[:2])' 2>/dev/null || echo python3.11)
 # Debian packages copied into the guest's /usr, file by file (docs, man pages and
 # translations left out). Merged-/usr, like the host.
 VM_BASE_PACKAGES=(libc6 libc-bin libgcc-s1 dash coreutils
-  python3.11-minimal libpython3.11-minimal libpython3.11-stdlib python3.11
+  "$VM_PYTHON-minimal" "lib$VM_PYTHON-minimal" "lib$VM_PYTHON-stdlib" "$VM_PYTHON"
   python3-minimal python3)
 # Host programs copied with the libraries they link (for debugging and rootless runs).
 VM_BASE_PROGRAMS=(/usr/bin/setpriv /usr/bin/ldd /usr/bin/getent)
@@ -42,12 +44,14 @@ vm_since() { awk -v a="$1" -v b="$(vm_now)" 'BEGIN { printf "%.1f", b - a }'; }
 # Installs the host tools: qemu (TCG only; KVM guests hang on this kind of machine),
 # busybox (the guest's mount, ip and poweroff), e2fsprogs (mke2fs -d).
 vm_install_host_tools() {
-  local need=()
+  local need=() p
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
   [ -x /bin/busybox ] || need+=(busybox-static)
   command -v mke2fs >/dev/null || need+=(e2fsprogs)
-  command -v python3 >/dev/null || need+=(python3)
   command -v flock >/dev/null || need+=(util-linux)
+  for p in "${VM_BASE_PACKAGES[@]}"; do
+    dpkg-query -W -f '${Status}\n' "$p" 2>/dev/null | grep -q ' installed$' || need+=("$p")
+  done
   [ ${#need[@]} -eq 0 ] && return 0
   vm_log "installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -132,7 +136,7 @@ vm_library_closure() {
 # into the tree $1, keeping modes, owners and symlinks.
 vm_copy_paths() {
   local tree=$1
-  sed 's#^/##' | tar -C / --no-recursion -cf - -T - 2>/dev/null | tar -C "$tree" -xpf -
+  sed 's#^/##' | tar -C / --no-recursion -cf - -T - | tar -C "$tree" -xpf -
 }
 
 # Builds the cached base tree: a merged-/usr Debian root with Python, coreutils, dash, the
@@ -142,8 +146,8 @@ vm_ensure_base() {
   script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   key=$( {
     echo "layout $VM_BASE_LAYOUT"
-    dpkg-query -W "${VM_BASE_PACKAGES[@]}" busybox-static
-    cat "$script_dir/guest-init.sh"
+    dpkg-query -W "${VM_BASE_PACKAGES[@]}"
+    sha256sum /bin/busybox "$script_dir/guest-init.sh"
   } | sha256sum | cut -c1-16)
   VM_BASE="$VM_CACHE/base-$key"
   [ -f "$VM_BASE/.complete" ] && return 0
@@ -166,7 +170,7 @@ vm_ensure_base() {
     | vm_copy_paths "$tmp"
   # 2. Python's stdlib in full: dpkg -L does not list the __pycache__ made at install,
   #    and without them every interpreter start compiles (slow under emulation).
-  tar -C / -cf - usr/lib/python3.11 | tar -C "$tmp" -xpf -
+  tar -C / -cf - "usr/lib/$VM_PYTHON" | tar -C "$tmp" -xpf -
   # 3. More programs, and the libraries of everything copied so far.
   printf '%s\n' "${VM_BASE_PROGRAMS[@]}" | while IFS= read -r p; do if [ -e "$p" ]; then echo "$p"; fi; done \
     | vm_copy_paths "$tmp"

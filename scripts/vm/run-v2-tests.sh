@@ -134,15 +134,24 @@ run_test() {
   bin=$1 name=$2
   echo "---- $name"
   t0=$(date +%s%N)
-  "$bin" --exact "$name" --test-threads=1 --color never --nocapture
-  rc=$?
+  { "$bin" --exact "$name" --test-threads=1 --color never --nocapture; echo $? >/tmp/test.rc; } 2>&1 \
+    | tee /tmp/test.out
+  rc=$(cat /tmp/test.rc)
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  # A name that matches no test runs nothing and exits 0: that is no pass.
+  if [ "$rc" = 0 ] && ! grep -q '^test result: ok\. 1 passed' /tmp/test.out; then
+    echo "no test named $name ran"
+    rc=no-test
+  fi
   if [ "$rc" = 0 ]; then
     passed=$((passed + 1)); echo "PASS $name (${ms} ms)"
   else
     failed=$((failed + 1)); failures="$failures $name"; echo "FAIL $name (${ms} ms, exit $rc)"
   fi
 }
+if [ -z "$cgroup_tests" ]; then
+  failed=$((failed + 1)); failures="$failures (no-airlock-cgroup-tests-listed)"
+fi
 for t in $cgroup_tests; do run_test "$AIRLOCK_CGROUP_TESTS" "$t"; done
 for t in $cli_tests; do run_test "$AIRLOCK_CLI_TESTS" "$t"; done
 # Only airlock's own parent (ParentSpec::Auto in the root cgroup) may stay, and empty.

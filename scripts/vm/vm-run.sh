@@ -58,7 +58,11 @@ else
   trap 'rm -rf "$run_dir"' EXIT
 fi
 VM_TOKEN=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
-vm_build_image "$run_dir/root.img" "$command"
+{
+  # Shared: another run may not rebuild (and prune) the base tree while it is copied.
+  flock -s 9
+  vm_build_image "$run_dir/root.img" "$command"
+} 9>"$VM_CACHE/lock"
 set +e
 vm_boot "$run_dir/root.img" "$run_dir/console.log"
 status=$?
