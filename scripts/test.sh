@@ -75,6 +75,9 @@ chmod 755 "$rootless_dir" "$rootless_dir"/*
 (cd "$rootless_dir" && runuser -u airlock-ci -- env -i PATH=/usr/local/bin:/usr/bin:/bin \
   HOME=/home/airlock-ci AIRLOCK_REQUIRE_ALL=1 AIRLOCK_BIN="$rootless_dir/airlock" \
   AIRLOCK_PROBE="$rootless_dir/airlock-probe" "$rootless_dir/e2e" ::rootless:: --test-threads=2)
+log "cgroup v2 tests in a VM (scripts/vm/run-v2-tests.sh)"
+./scripts/vm/run-v2-tests.sh
+
 log "conformance suite on every backend (scripts/ci/docker.sh)"
 ./scripts/ci/docker.sh
 

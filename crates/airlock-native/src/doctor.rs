@@ -254,18 +254,32 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
             ),
         });
     }
+    let swap_fix = match r.version {
+        airlock_cgroup::CgroupVersion::V1 => "boot with swapaccount=1, or run without swap",
+        airlock_cgroup::CgroupVersion::V2 => {
+            "enable the memory controller for airlock's cgroup parent (memory.swap.max lives there)"
+        }
+    };
     checks.push(match r.swap_accounting.presence {
         Presence::Present => Check::ok(
             &format!("cgroup {version} swap limit"),
             "swap accounting present: jobs get no swap",
         ),
-        _ => Check::warning(
+        Presence::Unknown => Check::warning(
+            &format!("cgroup {version} swap limit"),
+            r.swap_accounting
+                .explanation
+                .clone()
+                .unwrap_or_else(|| "not known until airlock's cgroup parent exists".into()),
+            swap_fix,
+        ),
+        Presence::Missing => Check::warning(
             &format!("cgroup {version} swap limit"),
             r.swap_accounting
                 .explanation
                 .clone()
                 .unwrap_or_else(|| "swap accounting is off".into()),
-            "boot with swapaccount=1 (v1) or use cgroup v2, or run without swap",
+            swap_fix,
         ),
     });
     checks.push(if r.parent.writable {

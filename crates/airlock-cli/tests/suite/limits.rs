@@ -44,17 +44,26 @@ fn double_forked_setsid_sleeper_is_gone_when_the_job_ends() {
     require_native!();
     let env = TestEnv::new();
     let tag = marker("daemon");
-    let source = "import os, sys\n\
+    // The daemon reports its pid; the parent waits until it really runs (its command line
+    // carries the tag) before exiting, so the test cannot pass vacuously.
+    let source = "import os, sys, time\n\
+                  r, w = os.pipe()\n\
                   if os.fork() == 0:\n\
                   \x20   os.setsid()\n\
                   \x20   if os.fork() == 0:\n\
-                  \x20       os.execvp('sleep', ['sleep', '1000', sys.argv[1]])\n\
+                  \x20       os.write(w, str(os.getpid()).encode())\n\
+                  \x20       os.execvp('python3', ['python3', '-c', 'import time; time.sleep(1000)', sys.argv[1]])\n\
                   \x20   os._exit(0)\n\
                   os.wait()\n\
-                  print('parent exits')";
+                  pid = int(os.read(r, 32))\n\
+                  for _ in range(500):\n\
+                  \x20   if sys.argv[1].encode() in open(f'/proc/{pid}/cmdline', 'rb').read():\n\
+                  \x20       break\n\
+                  \x20   time.sleep(0.01)\n\
+                  print('daemon running')";
     let run = env.run_json(&["-c", source, "--", &tag]);
     assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
-    assert_eq!(run.obs["stdout"], "parent exits\n");
+    assert_eq!(run.obs["stdout"], "daemon running\n", "{:#}", run.obs);
     assert_eq!(
         host_pids_with(&tag),
         Vec::<u32>::new(),
