@@ -319,6 +319,22 @@ pub struct RejectedFileDoc {
     pub reason: String,
 }
 
+/// What went through the egress proxy (proxy mode only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkCountsDoc {
+    /// Requests and tunnels, allowed or denied.
+    pub connections: u64,
+    /// How many of them were refused.
+    pub denied: u64,
+    /// Bytes sent upstream.
+    pub bytes_up: u64,
+    /// Bytes received from upstreams.
+    pub bytes_down: u64,
+    /// A proxy limit that was hit (`connections`, `bytes`, ...), if one was.
+    pub limit_hit: Option<String>,
+}
+
 /// The observation: the bounded JSON result of one job (DESIGN §2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -364,6 +380,9 @@ pub struct ObservationDoc {
     /// Set only when `outcome` is "error".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfoDoc>,
+    /// What went through the egress proxy (proxy mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkCountsDoc>,
     /// Files of /out that were not released (absent when none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected_files: Vec<RejectedFileDoc>,
@@ -375,36 +394,57 @@ pub struct ObservationDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_core::observation::{ErrorInfo, OutputFile};
+    use airlock_core::observation::{ErrorInfo, NetworkCounts, OutputFile};
     use airlock_core::{BackendKind, JobId, Observation, Outcome, RejectedFile};
     use pretty_assertions::assert_eq;
     use serde_json::json;
 
+    /// Every field set. A struct literal on purpose: a field added to the observation
+    /// stops this from compiling until the documented mirror (and this test) has it too.
     fn full_observation(outcome: Outcome, kind: ErrorKind, backend: BackendKind) -> Observation {
-        let mut obs = Observation::error(JobId::generate(), backend, "v1", kind, "m");
-        obs.outcome = outcome;
-        obs.exit_code = Some(3);
-        obs.signal = Some("SIGKILL".into());
-        obs.cpu_ms = Some(1);
-        obs.peak_memory_bytes = Some(2);
-        obs.image_digest = Some("sha256:00".into());
-        obs.error = Some(ErrorInfo {
-            kind,
-            message: "m".into(),
-        });
-        obs.files = vec![OutputFile {
-            path: "a".into(),
-            bytes: 1,
-            sha256: "00".into(),
-            media_type: "text/plain".into(),
-            redactions: 0,
-        }];
-        obs.rejected_files = vec![RejectedFile {
-            path: "b".into(),
-            reason: "symlink".into(),
-        }];
-        obs.degraded = vec!["memory: RLIMIT_AS".into()];
-        obs
+        Observation {
+            job_id: JobId::generate(),
+            ok: false,
+            outcome,
+            exit_code: Some(3),
+            signal: Some("SIGKILL".into()),
+            stdout: "out".into(),
+            stderr: "err".into(),
+            stdout_bytes: 3,
+            stderr_bytes: 3,
+            stdout_truncated: true,
+            stderr_truncated: true,
+            redactions: 1,
+            duration_ms: 5,
+            cpu_ms: Some(1),
+            peak_memory_bytes: Some(2),
+            files: vec![OutputFile {
+                path: "a".into(),
+                bytes: 1,
+                sha256: "00".into(),
+                media_type: "text/plain".into(),
+                redactions: 0,
+            }],
+            backend,
+            image_digest: Some("sha256:00".into()),
+            policy_version: "v1".into(),
+            error: Some(ErrorInfo {
+                kind,
+                message: "m".into(),
+            }),
+            network: Some(NetworkCounts {
+                connections: 2,
+                denied: 1,
+                bytes_up: 10,
+                bytes_down: 20,
+                limit_hit: Some("bytes".into()),
+            }),
+            rejected_files: vec![RejectedFile {
+                path: "b".into(),
+                reason: "symlink".into(),
+            }],
+            degraded: vec!["memory: RLIMIT_AS".into()],
+        }
     }
 
     /// The mirror has exactly the observation's fields and values: anything the server

@@ -504,6 +504,7 @@ mod tests {
                     degraded: Vec::new(),
                     out_files: Vec::new(),
                     out_rejected: Vec::new(),
+                    network: None,
                 })
             })
         }

@@ -344,3 +344,18 @@ fn the_python_example_in_the_docs_is_the_tested_one() {
         "docs/serve.md must hold tests/py/run_in_container.py verbatim"
     );
 }
+
+#[tokio::test]
+async fn an_oversized_request_head_is_431() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let response = client()
+        .get(server.url("/v1/health"))
+        .header("x-padding", "a".repeat(20_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 431);
+    let ok = client().get(server.url("/v1/health")).send().await.unwrap();
+    assert_eq!(ok.status().as_u16(), 200);
+}
