@@ -1,30 +1,40 @@
 //! Bounded output capture (DESIGN S7): keep the first N bytes of a stream, count the rest,
 //! and render what was kept as text that is safe to show a terminal or a model.
 
-/// Keeps at most `keep` bytes of a stream and counts every byte seen.
+/// Bytes kept beyond a stream's cap so that a secret straddling the cap is still seen whole
+/// by redaction; they are never shown.
+pub const REDACTION_LOOKAHEAD_BYTES: usize = 4096;
+
+/// Keeps the first `cap` bytes of a stream (plus [`REDACTION_LOOKAHEAD_BYTES`] that only
+/// redaction looks at) and counts every byte seen.
 ///
-/// Memory use is bounded by `keep` whatever the stream's length.
+/// Memory use is bounded by `cap` plus the lookahead whatever the stream's length.
 #[derive(Debug, Clone)]
 pub struct BoundedCapture {
     kept: Vec<u8>,
-    keep: usize,
+    cap: usize,
     total: u64,
 }
 
 impl BoundedCapture {
-    /// A capture that keeps the first `keep` bytes.
-    pub fn new(keep: usize) -> Self {
+    /// A capture that shows the first `cap` bytes.
+    pub fn new(cap: usize) -> Self {
         Self {
-            kept: Vec::with_capacity(keep.min(64 * 1024)),
-            keep,
+            kept: Vec::with_capacity(cap.saturating_add(REDACTION_LOOKAHEAD_BYTES).min(64 * 1024)),
+            cap,
             total: 0,
         }
+    }
+
+    /// How many bytes are kept in all (the cap plus the lookahead).
+    pub fn keep(&self) -> usize {
+        self.cap.saturating_add(REDACTION_LOOKAHEAD_BYTES)
     }
 
     /// Records a chunk of the stream.
     pub fn push(&mut self, chunk: &[u8]) {
         self.total = self.total.saturating_add(chunk.len() as u64);
-        let room = self.keep.saturating_sub(self.kept.len());
+        let room = self.keep().saturating_sub(self.kept.len());
         if room > 0 {
             let take = room.min(chunk.len());
             self.kept.extend_from_slice(&chunk[..take]);
@@ -39,9 +49,10 @@ impl BoundedCapture {
     /// The result.
     pub fn finish(self) -> CapturedOutput {
         CapturedOutput {
-            truncated: self.total > self.kept.len() as u64,
+            truncated: self.total > self.cap as u64,
             kept: self.kept,
             total_bytes: self.total,
+            cap: self.cap,
         }
     }
 }
@@ -49,12 +60,68 @@ impl BoundedCapture {
 /// What a [`BoundedCapture`] kept of one stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CapturedOutput {
-    /// The first bytes of the stream.
+    /// The first bytes of the stream: up to `cap`, plus the redaction lookahead.
     pub kept: Vec<u8>,
     /// Every byte the stream produced.
     pub total_bytes: u64,
-    /// Whether bytes were dropped.
+    /// Whether the stream was longer than `cap`.
     pub truncated: bool,
+    /// How many bytes are shown.
+    pub cap: usize,
+}
+
+impl CapturedOutput {
+    /// A capture of exactly these bytes, none dropped (tests, fakes).
+    pub fn whole(bytes: &[u8]) -> Self {
+        Self {
+            kept: bytes.to_vec(),
+            total_bytes: bytes.len() as u64,
+            truncated: false,
+            cap: bytes.len(),
+        }
+    }
+
+    /// The text shown for this stream: rendered, redacted (with the lookahead, so a secret
+    /// at the cap is recognised whole), then cut back to about `cap` bytes, never inside a
+    /// redaction marker. Returns the text and the number of redactions.
+    pub fn render_redacted(&self, redact: &dyn Fn(String) -> (String, u64)) -> (String, u64) {
+        let lookahead_cut = self.total_bytes > self.kept.len() as u64;
+        let (redacted, count) = redact(render_text(&self.kept, lookahead_cut));
+        if self.kept.len() <= self.cap {
+            return (redacted, count);
+        }
+        let shown = render_text(&self.kept[..self.cap], true).len();
+        let cut = safe_cut(&redacted, shown);
+        (redacted[..cut].to_owned(), count)
+    }
+}
+
+/// The marker redaction leaves behind, up to the rule's name.
+pub const REDACTION_MARKER_PREFIX: &str = "[REDACTED:";
+
+/// A cut position at or after `at` (and at most the text's length) that is a character
+/// boundary and not inside a redaction marker.
+pub fn safe_cut(text: &str, at: usize) -> usize {
+    if at >= text.len() {
+        return text.len();
+    }
+    let mut cut = at;
+    // The last marker that starts before the cut, even if the cut falls inside its prefix.
+    let mut window = (cut + REDACTION_MARKER_PREFIX.len()).min(text.len());
+    while !text.is_char_boundary(window) {
+        window -= 1;
+    }
+    if let Some(start) = text[..window].rfind(REDACTION_MARKER_PREFIX)
+        && start < cut
+        && let Some(end) = text[start..].find(']')
+        && start + end >= cut
+    {
+        cut = start + end + 1;
+    }
+    while cut < text.len() && !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    cut
 }
 
 /// Renders captured bytes as text that cannot drive a terminal.
@@ -159,9 +226,46 @@ mod tests {
         c.push(b"!");
         assert_eq!(c.total(), 12);
         let out = c.finish();
-        assert_eq!(out.kept, b"hello");
+        // The lookahead keeps more than the cap, but only the cap is shown.
+        assert_eq!(out.kept, b"hello world!");
         assert_eq!(out.total_bytes, 12);
         assert!(out.truncated);
+        assert_eq!(out.render_redacted(&|t| (t, 0)).0, "hello");
+    }
+
+    #[test]
+    fn capture_memory_is_bounded_by_cap_and_lookahead() {
+        let mut c = BoundedCapture::new(10);
+        for _ in 0..1000 {
+            c.push(&[b'x'; 1000]);
+        }
+        let out = c.finish();
+        assert_eq!(out.kept.len(), 10 + REDACTION_LOOKAHEAD_BYTES);
+        assert_eq!(out.total_bytes, 1_000_000);
+    }
+
+    #[test]
+    fn a_secret_straddling_the_cap_is_redacted_whole() {
+        let text = format!("{}SECRET-TOKEN-123 more", "a".repeat(10));
+        let mut c = BoundedCapture::new(14);
+        c.push(text.as_bytes());
+        let out = c.finish();
+        let redact = |t: String| {
+            let n = t.matches("SECRET-TOKEN-123").count() as u64;
+            (t.replace("SECRET-TOKEN-123", "[REDACTED:test]"), n)
+        };
+        let (shown, count) = out.render_redacted(&redact);
+        assert_eq!(shown, "aaaaaaaaaa[REDACTED:test]");
+        assert_eq!(count, 1);
+        assert!(!shown.contains("SECR"));
+    }
+
+    #[test]
+    fn safe_cut_never_splits_a_marker_or_a_character() {
+        assert_eq!(safe_cut("ab[REDACTED:x]cd", 4), 14);
+        assert_eq!(safe_cut("ab[REDACTED:x]cd", 15), 15);
+        assert_eq!(safe_cut("a✓b", 2), 4);
+        assert_eq!(safe_cut("abc", 10), 3);
     }
 
     #[test]
@@ -173,12 +277,12 @@ mod tests {
     }
 
     #[test]
-    fn zero_keep_counts_only() {
+    fn zero_cap_shows_nothing() {
         let mut c = BoundedCapture::new(0);
         c.push(b"abc");
         let out = c.finish();
-        assert_eq!(out.kept, b"");
         assert!(out.truncated);
+        assert_eq!(out.render_redacted(&|t| (t, 0)).0, "");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::BackendKind;
-use crate::capture::{CapturedOutput, render_text};
+use crate::capture::CapturedOutput;
 use crate::error::ErrorKind;
 use crate::job::JobId;
 
@@ -313,10 +313,8 @@ impl RunReport {
             Termination::Signaled(sig) => (None, Some(signal_name(sig))),
             Termination::Unknown => (None, None),
         };
-        let (stdout, stdout_redactions) =
-            redact(render_text(&self.stdout.kept, self.stdout.truncated));
-        let (stderr, stderr_redactions) =
-            redact(render_text(&self.stderr.kept, self.stderr.truncated));
+        let (stdout, stdout_redactions) = self.stdout.render_redacted(redact);
+        let (stderr, stderr_redactions) = self.stderr.render_redacted(redact);
         let mut listed = Vec::with_capacity(self.out_files.len());
         let mut released = Vec::with_capacity(self.out_files.len());
         for file in self.out_files {
@@ -441,11 +439,7 @@ mod tests {
             termination,
             limit_hit: None,
             oom_kills: 0,
-            stdout: CapturedOutput {
-                kept: b"45\n".to_vec(),
-                total_bytes: 3,
-                truncated: false,
-            },
+            stdout: CapturedOutput::whole(b"45\n"),
             stderr: CapturedOutput::default(),
             duration: Duration::from_millis(21),
             setup: Duration::from_millis(5),

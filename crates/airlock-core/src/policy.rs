@@ -730,8 +730,13 @@ pub fn parse_cidr(text: &str) -> Result<(std::net::IpAddr, u8), String> {
 pub struct RedactionPolicy {
     /// Whether the built-in secret patterns apply.
     pub builtin: bool,
-    /// More regular expressions.
+    /// More regular expressions (a group named `secret`, when present, is what is replaced).
     pub extra: Vec<String>,
+    /// Literal values that are secrets wherever they appear (4 bytes or more).
+    pub exact: Vec<String>,
+    /// Names of the executor's environment variables whose values are secrets wherever they
+    /// appear: the executor's own keys stay out of observations even if a job learns them.
+    pub exact_env: Vec<String>,
 }
 
 impl Default for RedactionPolicy {
@@ -739,6 +744,8 @@ impl Default for RedactionPolicy {
         Self {
             builtin: true,
             extra: Vec::new(),
+            exact: Vec::new(),
+            exact_env: Vec::new(),
         }
     }
 }

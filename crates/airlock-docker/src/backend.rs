@@ -462,14 +462,15 @@ impl DockerBackend {
             tokio::select! {
                 item = next(&mut output), if !output_done => match item {
                     Some(Ok(chunk)) => {
-                        let (kind, capture, keep, bytes) = match chunk {
-                            LogOutput::StdOut { message } => (StreamKind::Stdout, &mut stdout, keep_out, message),
-                            LogOutput::StdErr { message } => (StreamKind::Stderr, &mut stderr, keep_err, message),
-                            LogOutput::Console { message } => (StreamKind::Stdout, &mut stdout, keep_out, message),
+                        let (kind, capture, bytes) = match chunk {
+                            LogOutput::StdOut { message } => (StreamKind::Stdout, &mut stdout, message),
+                            LogOutput::StdErr { message } => (StreamKind::Stderr, &mut stderr, message),
+                            LogOutput::Console { message } => (StreamKind::Stdout, &mut stdout, message),
                             LogOutput::StdIn { .. } => continue,
                         };
                         if let Some(tap) = &tap {
-                            let room = keep.saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
+                            // The cap plus redaction's lookahead; the engine cuts back to the cap.
+                            let room = capture.keep().saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
                             if room > 0 {
                                 tap(kind, &bytes[..bytes.len().min(room)]);
                             }

@@ -16,6 +16,14 @@ pub enum EngineError {
     /// The policy file is invalid.
     #[error(transparent)]
     Policy(#[from] airlock_core::Error),
+    /// The policy's redaction rules do not compile.
+    #[error("policy {origin}: redaction")]
+    Redaction {
+        /// Where the policy came from.
+        origin: String,
+        /// The rule error (names the offending extra regex or exact value by index).
+        source: Box<airlock_redact::RedactError>,
+    },
     /// The audit log cannot be opened or written.
     #[error("audit log {path}")]
     Audit {

@@ -6,17 +6,17 @@
 pub mod audit;
 pub mod backends;
 pub mod error;
+pub mod redaction;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use airlock_core::audit::{AuditContext, AuditRecord};
-use airlock_core::capture::StreamRenderer;
 use airlock_core::policy::{BUILTIN_ORIGIN, Policy};
 use airlock_core::{
     Backend, BackendError, BackendKind, ErrorKind, JobId, JobRequest, JobResult, Observation,
-    OutputTap, StreamKind,
+    StreamKind,
 };
 
 pub use audit::AuditLog;
@@ -47,6 +47,17 @@ impl LoadedPolicy {
             source,
         })?;
         let policy = Policy::from_toml(&text, &path.display().to_string())?;
+        // The policy's own rules are checked now, so a bad regex stops the policy at load
+        // rather than a job after it ran.
+        airlock_redact::Redactor::new(&airlock_redact::RedactionConfig {
+            builtin: false,
+            extra: policy.redaction.extra.clone(),
+            exact: policy.redaction.exact.clone(),
+        })
+        .map_err(|source| EngineError::Redaction {
+            origin: path.display().to_string(),
+            source: Box::new(source),
+        })?;
         Ok(Self {
             policy,
             path: Some(path.to_owned()),
@@ -102,6 +113,7 @@ pub struct Engine {
     backend_kind: BackendKind,
     backend: Result<Arc<dyn Backend>, BackendError>,
     audit: AuditLog,
+    redactor: redaction::PendingRedactor,
 }
 
 impl std::fmt::Debug for Engine {
@@ -123,6 +135,7 @@ impl Engine {
         audit: AuditLog,
     ) -> Self {
         Self {
+            redactor: redaction::PendingRedactor::start(&policy),
             policy,
             backend_kind,
             backend,
@@ -188,6 +201,16 @@ impl Engine {
                 context.source_sha256 = Some(spec.source_sha256.clone());
                 context.limits = Some(spec.limits.clone());
                 context.network = Some(spec.network);
+                let streaming = sink.clone().map(|sink| {
+                    redaction::Streaming::new(
+                        sink,
+                        self.redactor.clone(),
+                        [
+                            usize::try_from(spec.limits.stdout.as_u64()).unwrap_or(usize::MAX),
+                            usize::try_from(spec.limits.stderr.as_u64()).unwrap_or(usize::MAX),
+                        ],
+                    )
+                });
                 let span =
                     tracing::info_span!("job", job_id = %spec.id, backend = %self.backend_kind);
                 let _entered = span.enter();
@@ -200,7 +223,12 @@ impl Engine {
                         e.message.clone(),
                     )),
                     Ok(backend) => match tokio::select! {
-                        result = backend.run(&spec, sink.clone().map(streaming_tap)) => result,
+                        result = backend.run(&spec, streaming.as_ref().map(redaction::Streaming::tap)) => {
+                            if let Some(streaming) = &streaming {
+                                streaming.flush();
+                            }
+                            result
+                        }
                         // Dropping the backend's future kills the sandbox and removes it.
                         reason = interrupt => Err(BackendError::new(
                             ErrorKind::Internal,
@@ -209,12 +237,25 @@ impl Engine {
                     } {
                         Ok(report) => {
                             context.setup = report.setup;
-                            report.into_result(
-                                spec.id.clone(),
-                                self.backend_kind,
-                                &version,
-                                &|text| (text, 0),
-                            )
+                            match self.redactor.get() {
+                                Ok(redactor) => report.into_result(
+                                    spec.id.clone(),
+                                    self.backend_kind,
+                                    &version,
+                                    &|text| {
+                                        let redacted = redactor.redact(&text);
+                                        (redacted.text, redacted.count)
+                                    },
+                                ),
+                                // Never show output that could not be redacted.
+                                Err(message) => error_result(Observation::error(
+                                    spec.id.clone(),
+                                    self.backend_kind,
+                                    &version,
+                                    ErrorKind::Internal,
+                                    format!("{message}; the job ran but its output is withheld"),
+                                )),
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(kind = %e.kind, error = %e.message, "job failed to run");
@@ -261,27 +302,6 @@ pub struct OutputEvent {
 /// Receives [`OutputEvent`]s as a job runs.
 pub type OutputSink = Arc<dyn Fn(OutputEvent) + Send + Sync>;
 
-/// Adapts a sink to the backend's raw-bytes tap: each stream is rendered incrementally,
-/// holding back a UTF-8 sequence split between reads.
-fn streaming_tap(sink: OutputSink) -> OutputTap {
-    let renderers = std::sync::Mutex::new([StreamRenderer::default(), StreamRenderer::default()]);
-    Arc::new(move |stream: StreamKind, bytes: &[u8]| {
-        let text = {
-            let mut renderers = renderers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let index = match stream {
-                StreamKind::Stdout => 0,
-                StreamKind::Stderr => 1,
-            };
-            renderers[index].push(bytes)
-        };
-        if !text.is_empty() {
-            sink(OutputEvent { stream, text });
-        }
-    })
-}
-
 /// The error observation for a job that never reached the engine (for example, the
 /// policy file itself is unreadable).
 pub fn early_error(
@@ -301,7 +321,7 @@ pub fn early_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_core::{BoxFuture, Capabilities, JobSpec, RunReport};
+    use airlock_core::{BoxFuture, Capabilities, JobSpec, OutputTap, RunReport};
 
     struct Refusing;
     impl Backend for Refusing {
@@ -383,33 +403,47 @@ mod tests {
     }
 
     #[test]
-    fn streaming_renders_chunks_and_joins_split_characters() {
+    fn streaming_renders_redacts_and_joins_split_characters() {
         let events = Arc::new(std::sync::Mutex::new(Vec::new()));
         let collected = events.clone();
         let sink: OutputSink = Arc::new(move |e: OutputEvent| collected.lock().unwrap().push(e));
-        let tap = streaming_tap(sink);
-        let bytes = "ok ✓\x1b".as_bytes();
-        tap(StreamKind::Stdout, &bytes[..4]);
+        let pending = redaction::PendingRedactor::start(&Policy::builtin());
+        let streaming = redaction::Streaming::new(sink, pending, [8000, 2000]);
+        let tap = streaming.tap();
+        let secret = "sk-ant-api03-".to_owned() + &"a1B2".repeat(24);
+        let bytes = format!("ok ✓\x1b key={secret}\n").into_bytes();
+        for chunk in bytes.chunks(7) {
+            tap(StreamKind::Stdout, chunk);
+        }
         tap(StreamKind::Stderr, b"err");
-        tap(StreamKind::Stdout, &bytes[4..]);
+        streaming.flush();
         let events = events.lock().unwrap().clone();
-        assert_eq!(
-            events,
-            vec![
-                OutputEvent {
-                    stream: StreamKind::Stdout,
-                    text: "ok ".into()
-                },
-                OutputEvent {
-                    stream: StreamKind::Stderr,
-                    text: "err".into()
-                },
-                OutputEvent {
-                    stream: StreamKind::Stdout,
-                    text: "✓\\x1b".into()
-                },
-            ]
-        );
+        let stdout: String = events
+            .iter()
+            .filter(|e| e.stream == StreamKind::Stdout)
+            .map(|e| e.text.as_str())
+            .collect();
+        let stderr: String = events
+            .iter()
+            .filter(|e| e.stream == StreamKind::Stderr)
+            .map(|e| e.text.as_str())
+            .collect();
+        assert_eq!(stdout, "ok ✓\\x1b key=[REDACTED:anthropic-api-key]\n");
+        assert_eq!(stderr, "err");
+    }
+
+    #[test]
+    fn streaming_stops_at_the_cap() {
+        let events = Arc::new(std::sync::Mutex::new(String::new()));
+        let collected = events.clone();
+        let sink: OutputSink =
+            Arc::new(move |e: OutputEvent| collected.lock().unwrap().push_str(&e.text));
+        let pending = redaction::PendingRedactor::start(&Policy::builtin());
+        let streaming = redaction::Streaming::new(sink, pending, [10, 10]);
+        let tap = streaming.tap();
+        tap(StreamKind::Stdout, &[b'x'; 100]);
+        streaming.flush();
+        assert_eq!(events.lock().unwrap().as_str(), "xxxxxxxxxx");
     }
 
     #[test]

@@ -815,9 +815,11 @@ async fn capture_stream<R: AsyncRead + Unpin>(
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 if let Some((tap, kind)) = &tap {
-                    // Only what the observation keeps is streamed.
-                    let room =
-                        keep.saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
+                    // Only what the observation keeps is streamed (the cap plus the lookahead
+                    // redaction needs; the engine cuts the stream back to the cap).
+                    let room = capture
+                        .keep()
+                        .saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
                     if room > 0 {
                         tap(*kind, &buffer[..n.min(room)]);
                     }

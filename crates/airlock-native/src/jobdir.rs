@@ -149,16 +149,20 @@ impl JobDir {
             .mode(0o700)
             .create(&path)
             .map_err(create_err)?;
+        // Locked under a temporary name, then renamed: a sweep by another airlock never
+        // sees the lock file unlocked.
+        let unlocked = path.join(".lock-new");
         let lock = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(path.join(LOCK_FILE))
+            .open(&unlocked)
             .map_err(create_err)?;
         let lock = std::os::fd::OwnedFd::from(lock);
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(|e| create_err(e.into()))?;
+        fs::rename(&unlocked, path.join(LOCK_FILE)).map_err(create_err)?;
         let dir = Self {
             path: path.clone(),
             removed: false,

@@ -106,6 +106,50 @@ impl<'a> StreamRedactor<'a> {
         out
     }
 
+    /// Emits what can be emitted now although no more text has arrived for a while (a job
+    /// that prints a line, then works): pending text up to its last whitespace, never cutting
+    /// into a match and holding back any match that may still be going on. A token cut short
+    /// by the pause has no whitespace after it, so it stays held back until it is complete.
+    pub fn flush_idle(&mut self) -> String {
+        if self.pending() == 0 {
+            return String::new();
+        }
+        let Some(last_space) = self.buf[self.context..].rfind(|c: char| c.is_ascii_whitespace())
+        else {
+            return String::new();
+        };
+        let len = self.buf.len();
+        let mut cut = self.context + last_space + 1;
+        let scan = self.redactor.scan(self.buf.as_bytes(), None);
+        // Move the cut before every match it would split, and before any match that reaches
+        // the end of the text (it may go on: an unbounded rule's secret, such as a key block
+        // whose END line has not arrived, matches as far as the text goes), until it settles.
+        // A match that ends before the cut is followed by whitespace, so it is complete.
+        loop {
+            let moved = scan
+                .candidates
+                .iter()
+                .filter(|c| c.whole.start < cut && (c.whole.end > cut || c.whole.end >= len))
+                .map(|c| c.whole.start)
+                .min();
+            match moved {
+                Some(start) if start < cut => cut = start,
+                _ => break,
+            }
+        }
+        let cut = floor_char_boundary(&self.buf, cut.max(self.context));
+        if cut <= self.context {
+            return String::new();
+        }
+        self.emit_to(
+            Cut {
+                at: cut,
+                released_open_match: None,
+            },
+            scan,
+        )
+    }
+
     /// Markers emitted so far.
     pub fn count(&self) -> u64 {
         self.counts.iter().sum()
@@ -136,6 +180,11 @@ impl<'a> StreamRedactor<'a> {
         } else {
             self.choose_cut(&scan.candidates)
         };
+        self.emit_to(cut, scan)
+    }
+
+    /// Emits the pending text before `cut`, redacted, and keeps the rest (with context).
+    fn emit_to(&mut self, cut: Cut, scan: crate::redactor::Scan) -> String {
         let out = if cut.at > self.context {
             let out = self.redactor.redact_region(
                 &self.buf,
@@ -248,6 +297,41 @@ mod tests {
         }
         out += &s.finish();
         (out, s.count())
+    }
+
+    #[test]
+    fn idle_flush_emits_whole_lines_but_holds_an_unfinished_token() {
+        let r = Redactor::builtin().unwrap();
+        let mut s = r.stream();
+        assert_eq!(s.push("step 1 done\ntoken: ghp_JIGA9HK2"), "");
+        assert_eq!(s.flush_idle(), "step 1 done\ntoken: ");
+        assert_eq!(s.push("gOCZPeJMQW9cy78kyEk2FINMdB8F\nnext"), "");
+        assert_eq!(s.flush_idle(), "[REDACTED:github-pat]\n");
+        assert_eq!(s.finish(), "next");
+        assert_eq!(s.count(), 1);
+    }
+
+    #[test]
+    fn idle_flush_keeps_context_for_a_secret_that_follows_its_label() {
+        let r = Redactor::builtin().unwrap();
+        let mut s = r.stream();
+        let mut out = s.push("aws_secret_access_key = ");
+        out += &s.flush_idle();
+        out += &s.push("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n");
+        out += &s.flush_idle();
+        out += &s.finish();
+        assert!(!out.contains("wJalrXUtnFEMI"), "{out}");
+    }
+
+    #[test]
+    fn idle_flush_holds_an_open_private_key_block() {
+        let r = Redactor::builtin().unwrap();
+        let mut s = r.stream();
+        let head = "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAJ9BvVvLsPHXvabshwfXd8bxP6YN5igcX3jeP2GLGpI\n";
+        let out = s.push(head) + &s.flush_idle();
+        assert!(!out.contains("MIIEp"), "{out:?}");
+        let rest = s.push("/A7s3aEcu6t7E\n-----END RSA PRIVATE KEY-----\n") + &s.finish();
+        assert!(!rest.contains("MIIEp") && !rest.contains("A7s3"), "{rest}");
     }
 
     #[test]

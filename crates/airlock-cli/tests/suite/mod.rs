@@ -7,5 +7,6 @@ mod out;
 mod policy_cmd;
 mod probe;
 mod proxy;
+mod redaction;
 mod rootfs_dir;
 mod rootless;

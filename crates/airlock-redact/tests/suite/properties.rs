@@ -155,4 +155,29 @@ proptest! {
         prop_assert_eq!(out, whole.text);
         prop_assert_eq!(s.count(), whole.count);
     }
+
+    /// Idle flushes between the pieces (a job that pauses) never let a fragment of a secret
+    /// through, wherever the pauses fall.
+    #[test]
+    fn idle_flushes_never_leak_a_fragment((text, secrets) in output(), cuts in prop::collection::vec(0usize..4000, 0..8)) {
+        let r = builtin();
+        let mut points: Vec<usize> = cuts.into_iter().map(|c| c % (text.len() + 1)).filter(|&c| text.is_char_boundary(c)).collect();
+        points.sort_unstable();
+        points.push(text.len());
+        let mut s = r.stream();
+        let mut out = String::new();
+        let mut at = 0;
+        for p in points {
+            out += &s.push(&text[at..p]);
+            out += &s.flush_idle();
+            at = p;
+        }
+        out += &s.finish();
+        for secret in &secrets {
+            for window in secret.as_bytes().windows(12) {
+                let window = std::str::from_utf8(window).unwrap();
+                prop_assert!(!out.contains(window), "{:?} survives in {:?}", window, out);
+            }
+        }
+    }
 }
