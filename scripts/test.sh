@@ -77,6 +77,9 @@ chmod 755 "$rootless_dir" "$rootless_dir"/*
   AIRLOCK_PROBE="$rootless_dir/airlock-probe" "$rootless_dir/e2e" ::rootless:: --test-threads=2)
 log "cgroup v2 tests in a VM (scripts/vm/run-v2-tests.sh)"
 ./scripts/vm/run-v2-tests.sh
+log "rootless airlock in a delegated cgroup v2 subtree, in the VM"
+./scripts/vm/run-v2-tests.sh --no-build --with "$PWD/scripts/vm/rootless-delegated.sh" \
+  --shell-cmd "sh $PWD/scripts/vm/rootless-delegated.sh"
 
 log "conformance suite on every backend (scripts/ci/docker.sh)"
 ./scripts/ci/docker.sh

@@ -453,6 +453,9 @@ impl DockerBackend {
         let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
         let mut limit_hit: Option<LimitHit> = None;
         let mut exited: Option<Instant> = None;
+        // When airlock decided to kill: the program's wall time ends there, however long the
+        // runtime then takes to stop the container.
+        let mut killed_at: Option<Instant> = None;
         let mut output_done = false;
         let mut kill_deadline: Option<tokio::time::Instant> = None;
         let mut drain_deadline: Option<tokio::time::Instant> = None;
@@ -478,6 +481,7 @@ impl DockerBackend {
                         capture.push(&bytes);
                         if limit_hit.is_none() && stdout.total().saturating_add(stderr.total()) > flood {
                             limit_hit = Some(LimitHit::OutputFlood);
+                            killed_at = Some(Instant::now());
                             kill_deadline = Some(kill(docker, name).await);
                         }
                     }
@@ -495,6 +499,7 @@ impl DockerBackend {
                 }
                 _ = tokio::time::sleep_until(deadline), if limit_hit.is_none() && exited.is_none() => {
                     limit_hit = Some(LimitHit::Timeout);
+                    killed_at = Some(Instant::now());
                     kill_deadline = Some(kill(docker, name).await);
                 }
                 _ = tokio::time::sleep_until(kill_deadline.unwrap_or(far)), if kill_deadline.is_some() && exited.is_none() => {
@@ -508,7 +513,7 @@ impl DockerBackend {
                 }
             }
         }
-        let ended_at = exited.unwrap_or_else(Instant::now);
+        let ended_at = killed_at.or(exited).unwrap_or_else(Instant::now);
         let state = docker
             .inspect_container(name, None)
             .await
