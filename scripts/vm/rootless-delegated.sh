@@ -16,11 +16,11 @@ echo $$ > "$d/login/cgroup.procs"
 
 cat > /tmp/rootless-run.sh <<'EOF'
 set -eu
-n=0
-# Each airlock alone in a new scope of the delegated subtree.
+# Each airlock alone in a new scope of the delegated subtree (`run N ARGS...`; pipelines
+# run it in a subshell, so the scope number is an argument, not a counter).
 run() {
-  n=$((n + 1))
-  scope=/sys/fs/cgroup/user-1000/scope-$n
+  scope=/sys/fs/cgroup/user-1000/scope-$1
+  shift
   mkdir "$scope"
   sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$scope" "$AIRLOCK_BIN" run --json "$@"
 }
@@ -33,11 +33,11 @@ if not ok:
     print(json.dumps(d, indent=1), file=sys.stderr)
     sys.exit(1)' "$1" "$2"
 }
-run -c 'import os; print(sum(range(10)), os.getuid())' \
+run 1 -c 'import os; print(sum(range(10)), os.getuid())' \
   | check 'd["ok"] and d["stdout"] == "45 65534\n" and "degraded" not in d' "hello job as tester, full shape"
-run -c 'b = bytearray(1 << 30)' \
+run 2 -c 'b = bytearray(1 << 30)' \
   | check 'd["outcome"] == "oom" and d["peak_memory_bytes"] and "degraded" not in d' "1 GiB ends as oom (cgroup memory limit)"
-run --pids 16 --timeout 3s -c 'import os, time
+run 3 --pids 16 --timeout 3s -c 'import os, time
 n = 1
 try:
     while n < 1000:
@@ -48,7 +48,7 @@ try:
 except OSError as e:
     print(n, e.errno)' \
   | check 'd["stdout"] == "16 11\n"' "processes held at pids.max"
-run --timeout 2s -c 'while True: pass' \
+run 4 --timeout 2s -c 'while True: pass' \
   | check 'd["outcome"] == "timeout" and d["cpu_ms"] <= 1400' "CPU share and wall time"
 leftover=$(find /sys/fs/cgroup/user-1000 -path '*/jobs/*' -type d | wc -l)
 [ "$leftover" = 0 ] || { echo "FAIL: $leftover job groups left" >&2; exit 1; }
