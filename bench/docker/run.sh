@@ -26,6 +26,7 @@ cargo build --release --locked -q -p airlock-cli
 airlock="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/airlock"
 
 work="$(mktemp -d /tmp/airlock-bench.XXXXXX)"
+chmod 755 "$work"  # the container runs as 65534 and reads /work/main.py
 trap '[ -n "$started" ] && kill "$started" 2>/dev/null || true; rm -rf "$work"' EXIT
 job='print(sum(range(10)))'
 printf '%s\n' "$job" >"$work/main.py"

@@ -95,23 +95,29 @@ else
 fi
 lap daemons
 
-# 3. The test image: a debootstrap minbase with python3-minimal, trimmed (no /var, /home,
+# 3. The test image: a debootstrap minbase with python3 and curl, trimmed (no /var, /home,
 # /root, shadow files: nothing a job should see), imported once and saved as an image
 # archive, which loads with the same id into Docker and Podman on every later run.
 image_ref=airlock-test:bookworm
 archive="$state/image.tar"
+# python3 (with its standard library: urllib, json, re) and curl, for the proxy-mode tests.
+packages=python3,curl
+if [ "$(cat "$state/packages" 2>/dev/null)" != "$packages" ]; then
+  rm -f "$state/rootfs.tar" "$archive"
+fi
 if [ ! -s "$archive" ]; then
   rootfs="$state/rootfs"
   if [ ! -s "$state/rootfs.tar" ]; then
     log "building the test rootfs with debootstrap (about 40 s)"
     rm -rf "$rootfs"
-    debootstrap --variant=minbase --include=python3-minimal bookworm "$rootfs" \
+    debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" \
       http://deb.debian.org/debian >"$state/debootstrap.log" 2>&1 \
       || { tail -20 "$state/debootstrap.log" >&2; exit 1; }
     rm -rf "$rootfs"/{var,run,root,home,srv,opt,mnt,media,boot} "$rootfs"/etc/{shadow,gshadow}* \
       "$rootfs"/usr/share/{doc,man,locale,info}
     tar --numeric-owner -C "$rootfs" -c . >"$state/rootfs.tar.tmp"
     mv "$state/rootfs.tar.tmp" "$state/rootfs.tar"
+    echo "$packages" >"$state/packages"
     rm -rf "$rootfs"
   fi
   log "importing the test image"

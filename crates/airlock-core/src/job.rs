@@ -26,6 +26,31 @@ pub const BASE_ENV: &[(&str, &str)] = &[
     ("PYTHONDONTWRITEBYTECODE", "1"),
 ];
 
+/// The port of the egress proxy on the job's own `127.0.0.1`, on every backend.
+pub const PROXY_PORT: u16 = 3128;
+
+/// `env` plus the variables that send HTTP(S) through the egress proxy on the job's own
+/// `127.0.0.1:port` (and keep the job's own loopback direct), sorted.
+pub fn with_proxy_env(env: &[(String, String)], port: u16) -> Vec<(String, String)> {
+    let proxy = format!("http://127.0.0.1:{port}");
+    let set: [(&str, &str); 6] = [
+        ("HTTP_PROXY", &proxy),
+        ("HTTPS_PROXY", &proxy),
+        ("http_proxy", &proxy),
+        ("https_proxy", &proxy),
+        ("NO_PROXY", "localhost,127.0.0.1,::1"),
+        ("no_proxy", "localhost,127.0.0.1,::1"),
+    ];
+    let mut out: Vec<(String, String)> = env
+        .iter()
+        .filter(|(name, _)| !set.iter().any(|(n, _)| n == name))
+        .cloned()
+        .collect();
+    out.extend(set.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())));
+    out.sort();
+    out
+}
+
 /// A unique, time-ordered job identifier (UUID v7).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]

@@ -253,11 +253,13 @@ impl DockerBackend {
 
     fn check_supported(&self, job: &JobSpec, ready: &Ready) -> Result<(), DockerError> {
         let backend = self.config.flavor.as_str();
-        if job.network == NetworkMode::Proxy {
+        if job.network == NetworkMode::Proxy && self.config.flavor == Flavor::Gvisor {
             return Err(DockerError::FeatureUnavailable {
                 backend,
                 feature: "network mode proxy",
-                reason: "the egress proxy is not wired into container backends yet; use network mode none".into(),
+                reason: "gVisor's network stack is its own: airlock cannot place the proxy's \
+                         socket on the sandbox's loopback; use the docker or native backend"
+                    .into(),
             });
         }
         if job.filesystem.out.enabled && !ready.out_dir {
@@ -306,12 +308,24 @@ impl DockerBackend {
         } else {
             None
         };
+        let proxy_config = match job.network {
+            NetworkMode::Proxy => Some(Arc::new(
+                airlock_proxy::ProxyConfig::from_policy(
+                    &job.network_policy,
+                    &job.network_allow,
+                    |name| std::env::var(name).ok(),
+                )
+                .map_err(|e| DockerError::ProxyConfig(e.to_string()))?,
+            )),
+            NetworkMode::None => None,
+        };
         let name = spec::container_name(job);
         let guard = ContainerGuard::new(&self.config.socket, &name);
         let ran = self
             .run_container(
                 job,
                 tap,
+                proxy_config,
                 &ready.docker,
                 &image,
                 &jobdir.work(),
@@ -348,11 +362,37 @@ impl DockerBackend {
         Ok(report)
     }
 
+    /// Binds the proxy's socket in the network namespace of the started (and gated)
+    /// container and serves the proxy on it.
+    async fn start_proxy(
+        &self,
+        docker: &Docker,
+        name: &str,
+        config: Arc<airlock_proxy::ProxyConfig>,
+    ) -> Result<airlock_proxy::ProxyHandle, DockerError> {
+        let failed = |reason: String| DockerError::Proxy {
+            container: name.to_owned(),
+            reason,
+        };
+        let pid = container_pid(docker, name).await.map_err(failed)?;
+        let listener = crate::netns::listen_in_netns_of(pid, airlock_core::job::PROXY_PORT)
+            .await
+            .map_err(|e| failed(format!("bind in the container's network namespace: {e}")))?;
+        // The pid was the container's when the namespace was opened only if it still is.
+        if container_pid(docker, name).await.map_err(failed)? != pid {
+            return Err(failed(
+                "the container's process changed while binding".into(),
+            ));
+        }
+        airlock_proxy::spawn(listener, config).map_err(|e| failed(e.to_string()))
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn run_container(
         &self,
         job: &JobSpec,
         tap: Option<OutputTap>,
+        proxy_config: Option<Arc<airlock_proxy::ProxyConfig>>,
         docker: &Docker,
         image: &CheckedImage,
         workdir: &std::path::Path,
@@ -377,10 +417,13 @@ impl DockerBackend {
                 boot_id: &self.boot_id,
                 seccomp_profile: &self.seccomp_profile,
                 nproc_ceiling: self.nproc_ceiling,
+                proxy_port: (job.network == NetworkMode::Proxy)
+                    .then_some(airlock_core::job::PROXY_PORT),
             },
         );
         let setup_started = Instant::now();
-        let has_stdin = job.stdin.is_some();
+        // Proxy mode always attaches stdin: the gate line goes that way.
+        let has_stdin = job.stdin.is_some() || proxy_config.is_some();
         let setup = async {
             docker
                 .create_container(
@@ -429,14 +472,27 @@ impl DockerBackend {
 
         let mut output = attached.output;
         let mut input = attached.input;
-        if let Some(bytes) = job.stdin.clone() {
+        // Proxy mode: bind the proxy's socket in the container's own network namespace,
+        // serve it, then release the program (it waits for one line on stdin).
+        let proxy = match &proxy_config {
+            Some(config) => Some(self.start_proxy(docker, name, config.clone()).await?),
+            None => None,
+        };
+        let mut stdin_bytes = Vec::new();
+        if proxy.is_some() {
+            stdin_bytes.push(b'\n');
+        }
+        if let Some(bytes) = &job.stdin {
+            stdin_bytes.extend_from_slice(bytes);
+        }
+        if stdin_bytes.is_empty() {
+            drop(input);
+        } else {
             tokio::spawn(async move {
                 // The job may exit without reading its input.
-                let _ = input.write_all(&bytes).await;
+                let _ = input.write_all(&stdin_bytes).await;
                 let _ = input.shutdown().await;
             });
-        } else {
-            drop(input);
         }
 
         let mut wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
@@ -553,7 +609,10 @@ impl DockerBackend {
             degraded: Vec::new(),
             out_files: Vec::new(),
             out_rejected: Vec::new(),
-            network: None,
+            network: match proxy {
+                Some(proxy) => Some(proxy.shutdown().await.into_report()),
+                None => None,
+            },
         })
     }
 }
@@ -598,7 +657,7 @@ impl Backend for DockerBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: self.config.flavor.kind(),
-            network_proxy: false,
+            network_proxy: self.config.flavor != Flavor::Gvisor,
             out_dir: rustix::process::geteuid().is_root(),
             image_rootfs: true,
         }
@@ -617,4 +676,23 @@ impl Backend for DockerBackend {
 pub fn open(policy: &Policy, flavor: Flavor) -> Result<Arc<dyn Backend>, BackendError> {
     let backend = DockerBackend::new(DockerConfig::from_policy(policy, flavor))?;
     Ok(Arc::new(backend))
+}
+
+/// The host pid of a running container's first process.
+async fn container_pid(docker: &Docker, name: &str) -> Result<u32, String> {
+    let state = docker
+        .inspect_container(
+            name,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .map_err(|e| format!("inspect: {e}"))?
+        .state
+        .unwrap_or_default();
+    match (state.running, state.pid) {
+        (Some(true), Some(pid)) if pid > 0 => {
+            u32::try_from(pid).map_err(|_| format!("bad pid {pid}"))
+        }
+        _ => Err("the container is not running".to_owned()),
+    }
 }

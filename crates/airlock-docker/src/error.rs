@@ -8,6 +8,18 @@ use airlock_core::{BackendError, ErrorKind};
 /// operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
+    /// The egress proxy could not be set up for a container (proxy mode).
+    #[error("egress proxy for container {container}: {reason}")]
+    Proxy {
+        /// The container.
+        container: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The proxy's configuration is refused (a secret's value is missing on the host, an
+    /// entry outside the policy's allowlist).
+    #[error("egress proxy configuration: {0}")]
+    ProxyConfig(String),
     /// The daemon's socket does not exist or cannot be used.
     #[error("connect to the {backend} daemon at {socket}")]
     Connect {
@@ -149,7 +161,8 @@ impl DockerError {
             DockerError::Connect { .. }
             | DockerError::Version { .. }
             | DockerError::RuntimeMissing { .. }
-            | DockerError::ImageMissing { .. } => ErrorKind::BackendUnavailable,
+            | DockerError::ImageMissing { .. }
+            | DockerError::ProxyConfig(_) => ErrorKind::BackendUnavailable,
             DockerError::NotAnImage { .. }
             | DockerError::DigestMismatch { .. }
             | DockerError::FeatureUnavailable { .. } => ErrorKind::PolicyDenied,
@@ -161,7 +174,8 @@ impl DockerError {
             | DockerError::Deadline { .. }
             | DockerError::Seccomp(_)
             | DockerError::WriteProfile { .. }
-            | DockerError::Task(_) => ErrorKind::Internal,
+            | DockerError::Task(_)
+            | DockerError::Proxy { .. } => ErrorKind::Internal,
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod cleanup;
 pub mod doctor;
 pub mod error;
 pub mod image;
+pub mod netns;
 pub mod outdir;
 pub mod seccomp;
 pub mod spec;

@@ -64,6 +64,8 @@ pub struct ContainerPlan<'a> {
     /// The seccomp profile, see [`crate::seccomp`]: its JSON for Docker, a path on the
     /// daemon's host for Podman.
     pub seccomp_profile: &'a str,
+    /// Proxy mode: the port the egress proxy listens on inside the container.
+    pub proxy_port: Option<u16>,
     /// Podman: RLIMIT_NPROC to set explicitly. Rootful Podman otherwise asks for a default
     /// above its own hard limit, which runc cannot set once every capability is dropped.
     /// The job's real process limit is the pids cgroup.
@@ -86,13 +88,37 @@ pub fn container_name(job: &JobSpec) -> String {
 }
 
 /// The command: [`ENV_WRAPPER`] `-i NAME=VALUE... argv...`.
-pub fn command(job: &JobSpec) -> Vec<String> {
-    let mut cmd = Vec::with_capacity(job.env.len() + job.argv.len() + 2);
+pub fn command(job: &JobSpec, proxy_port: Option<u16>) -> Vec<String> {
+    let env = job_env(job, proxy_port);
+    let mut cmd = Vec::with_capacity(env.len() + job.argv.len() + 6);
+    if proxy_port.is_some() {
+        // Proxy mode: the program waits for one line on stdin, which airlock sends once the
+        // proxy listens inside the container's network namespace (which exists only once the
+        // container has started).
+        cmd.extend(PROXY_GATE.iter().map(|s| (*s).to_owned()));
+    }
     cmd.push(ENV_WRAPPER.to_owned());
     cmd.push("-i".to_owned());
-    cmd.extend(job.env.iter().map(|(k, v)| format!("{k}={v}")));
+    cmd.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
     cmd.extend(job.argv.iter().cloned());
     cmd
+}
+
+/// The shell words that hold a proxy-mode job until airlock's proxy listens: `sh` reads one
+/// line from stdin, then execs the real command (its arguments). The image needs `/bin/sh`.
+pub const PROXY_GATE: &[&str] = &[
+    "/bin/sh",
+    "-c",
+    "IFS= read -r _ && exec \"$@\"",
+    "airlock-proxy-gate",
+];
+
+/// The job's environment, with the proxy variables in proxy mode.
+pub fn job_env(job: &JobSpec, proxy_port: Option<u16>) -> Vec<(String, String)> {
+    match proxy_port {
+        Some(port) => airlock_core::job::with_proxy_env(&job.env, port),
+        None => job.env.clone(),
+    }
 }
 
 fn ulimit(name: &str, value: i64) -> ResourcesUlimits {
@@ -155,14 +181,20 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
             tmpfs.insert(path.to_owned(), "ro,noexec,nosuid,nodev,size=4k".to_owned());
         }
     }
-    let has_stdin = job.stdin.is_some();
+    // Proxy mode always attaches stdin: the gate's line comes that way.
+    let has_stdin = job.stdin.is_some() || plan.proxy_port.is_some();
     ContainerCreateBody {
         image: Some(plan.image_id.to_owned()),
         hostname: Some(HOSTNAME.to_owned()),
         user: Some(format!("{JOB_UID}:{JOB_UID}")),
-        entrypoint: Some(command(job)),
+        entrypoint: Some(command(job, plan.proxy_port)),
         cmd: Some(Vec::new()),
-        env: Some(job.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        env: Some(
+            job_env(job, plan.proxy_port)
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+        ),
         working_dir: Some(WORKDIR.to_owned()),
         labels: Some(labels(job, plan.flavor, plan.boot_id)),
         attach_stdin: Some(has_stdin),
@@ -229,6 +261,7 @@ mod tests {
             boot_id: "boot",
             seccomp_profile: "{}",
             nproc_ceiling: Some(32768),
+            proxy_port: None,
         }
     }
 
@@ -289,7 +322,7 @@ mod tests {
     #[test]
     fn env_is_exactly_the_jobs() {
         let job = job(&Policy::builtin());
-        let cmd = command(&job);
+        let cmd = command(&job, None);
         assert_eq!(
             cmd,
             vec![
@@ -342,5 +375,24 @@ mod tests {
             .unwrap();
         assert_eq!((nproc.soft, nproc.hard), (Some(64), Some(64)));
         assert_eq!(host.pids_limit, Some(64 * 16 + 256));
+    }
+
+    #[test]
+    fn proxy_mode_gates_the_program_and_points_it_at_the_proxy() {
+        let job = job(&Policy::builtin());
+        let cmd = command(&job, Some(3128));
+        assert_eq!(&cmd[..4], PROXY_GATE);
+        assert_eq!(cmd[4], ENV_WRAPPER);
+        assert!(cmd.contains(&"HTTPS_PROXY=http://127.0.0.1:3128".to_owned()));
+        assert!(cmd.contains(&"NO_PROXY=localhost,127.0.0.1,::1".to_owned()));
+        let mut p = plan(Flavor::Docker);
+        p.proxy_port = Some(3128);
+        let body = container_body(&job, &p);
+        // The gate's line arrives on stdin, so stdin is attached even without job input.
+        assert_eq!(body.open_stdin, Some(true));
+        assert_eq!(
+            body.host_config.unwrap().network_mode.as_deref(),
+            Some("none")
+        );
     }
 }

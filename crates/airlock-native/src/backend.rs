@@ -48,20 +48,10 @@ pub const STATUS_LINE_MAX_BYTES: u64 = 4096;
 pub const CORE_RLIMIT_BYTES: u64 = 1;
 /// The job's environment: its own, plus in proxy mode where the proxy is.
 fn job_env(job: &JobSpec) -> Vec<(String, String)> {
-    let mut env = job.env.clone();
-    if job.network == NetworkMode::Proxy {
-        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
-        for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-            env.retain(|(n, _)| n != name);
-            env.push((name.to_owned(), proxy.clone()));
-        }
-        for name in ["NO_PROXY", "no_proxy"] {
-            env.retain(|(n, _)| n != name);
-            env.push((name.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
-        }
-        env.sort();
+    match job.network {
+        NetworkMode::Proxy => airlock_core::job::with_proxy_env(&job.env, PROXY_PORT),
+        NetworkMode::None => job.env.clone(),
     }
-    env
 }
 
 /// Inodes of `/out` beyond `max_files`, for the directories a job makes.
@@ -636,7 +626,7 @@ impl NativeBackend {
         let stdout = drain(stdout_task).await;
         let stderr = drain(stderr_task).await;
         let network = match proxy {
-            Some(proxy) => Some(network_report(proxy.shutdown().await)),
+            Some(proxy) => Some(proxy.shutdown().await.into_report()),
             None => None,
         };
         Ok(Supervised {
@@ -663,27 +653,6 @@ struct Supervised {
     stderr: CapturedOutput,
     duration: Duration,
     setup: Duration,
-}
-
-/// The observation's totals and the audit records of a proxy's work.
-fn network_report(
-    summary: airlock_proxy::ProxySummary,
-) -> airlock_core::observation::NetworkReport {
-    let (allowed, denied) = summary.counts();
-    airlock_core::observation::NetworkReport {
-        counts: airlock_core::observation::NetworkCounts {
-            connections: (allowed + denied) as u64 + summary.refused_after_limit,
-            denied: denied as u64 + summary.refused_after_limit,
-            bytes_up: summary.bytes_up,
-            bytes_down: summary.bytes_down,
-            limit_hit: summary.limit_hit.map(|l| l.to_string()),
-        },
-        connections: summary
-            .connections
-            .iter()
-            .filter_map(|record| serde_json::to_value(record).ok())
-            .collect(),
-    }
 }
 
 fn teardown(cgroup: Option<JobCgroup>, jobdir: JobDir) -> Result<Option<JobStats>, NativeError> {

@@ -25,7 +25,7 @@ pub const STATUS_FD: i32 = 4;
 pub const HANDOFF_FD: i32 = 5;
 
 /// The port of the egress proxy on the job's own 127.0.0.1.
-pub const PROXY_PORT: u16 = 3128;
+pub const PROXY_PORT: u16 = airlock_core::job::PROXY_PORT;
 
 /// The uid and gid the job runs as, inside the sandbox.
 pub const JOB_ID_IN_SANDBOX: u32 = 65_534;

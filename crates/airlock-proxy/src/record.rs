@@ -116,6 +116,25 @@ pub struct ProxySummary {
 }
 
 impl ProxySummary {
+    /// The observation's totals and the audit records (one per request or tunnel).
+    pub fn into_report(self) -> airlock_core::observation::NetworkReport {
+        let (allowed, denied) = self.counts();
+        airlock_core::observation::NetworkReport {
+            counts: airlock_core::observation::NetworkCounts {
+                connections: (allowed + denied) as u64 + self.refused_after_limit,
+                denied: denied as u64 + self.refused_after_limit,
+                bytes_up: self.bytes_up,
+                bytes_down: self.bytes_down,
+                limit_hit: self.limit_hit.map(|l| l.to_string()),
+            },
+            connections: self
+                .connections
+                .iter()
+                .filter_map(|record| serde_json::to_value(record).ok())
+                .collect(),
+        }
+    }
+
     /// The number of allowed and denied records.
     pub fn counts(&self) -> (usize, usize) {
         let allowed = self

@@ -6,7 +6,6 @@ mod limits;
 mod out;
 mod policy_cmd;
 mod probe;
-mod proxy;
 mod redaction;
 mod rootfs_dir;
 mod rootless;

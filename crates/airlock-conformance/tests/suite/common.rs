@@ -279,6 +279,56 @@ pub fn eventually(secs: u64, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+/// A tiny HTTP server on 127.0.0.1 that answers every request with `body` and records
+/// each request's head (request line and headers).
+pub struct RecordingServer {
+    pub port: u16,
+    pub requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    pub accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RecordingServer {
+    pub fn start(body: &'static str) -> Self {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (seen, count) = (requests.clone(), accepted.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => break,
+                    }
+                }
+                seen.lock()
+                    .expect("lock")
+                    .push(String::from_utf8_lossy(&head).into_owned());
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Self {
+            port,
+            requests,
+            accepted,
+        }
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("lock").clone()
+    }
+}
+
 /// Declares checks once and one `#[test]` per backend for each:
 /// `suite::<file>::<backend>::<check>`. A backend that cannot run here is skipped with the
 /// reason (a failure under `AIRLOCK_REQUIRE_ALL=1`).

@@ -6,3 +6,4 @@ mod images;
 mod limits;
 mod out;
 mod probe;
+mod proxy;

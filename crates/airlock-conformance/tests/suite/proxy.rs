@@ -1,0 +1,207 @@
+//! Proxy mode: the job reaches only allowlisted hosts, through airlock's egress proxy, and
+//! secrets stay on the host; the same on every backend that offers it. Every server here
+//! listens on the host's 127.0.0.1, which the job cannot reach directly (its 127.0.0.1 is
+//! its own); the policy names these servers with `[network] hosts` and lets the proxy reach
+//! 127.0.0.1 with `allow_ranges`. gVisor has its own network stack, so airlock cannot put
+//! the proxy's socket on its loopback: it refuses proxy jobs, and says so.
+
+use std::path::PathBuf;
+
+use pretty_assertions::assert_eq;
+
+use super::common::{JsonRun, Kind, RecordingServer, Target, json_run};
+
+const SECRET_VALUE: &str = "real-secret-value-7f3a9c";
+const PLACEHOLDER: &str = "airlock-placeholder-token";
+
+fn proxy_policy(t: &Target, allow: &[String], extra: &str) -> PathBuf {
+    let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
+    t.policy_with(
+        "",
+        "",
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [{}]\nallow_ranges = [\"127.0.0.1/32\"]\n\
+             hosts = {{ \"api.test\" = [\"127.0.0.1\"], \"other.test\" = [\"127.0.0.1\"], \
+             \"metadata.test\" = [\"169.254.169.254\"], \"private.test\" = [\"10.1.2.3\"] }}\n{extra}",
+            allow.join(", ")
+        ),
+    )
+}
+
+fn run_proxy(t: &Target, policy: &std::path::Path, source: &str) -> JsonRun {
+    let mut cmd = t.cmd();
+    cmd.env("REAL_TOKEN", SECRET_VALUE);
+    cmd.args([
+        "run",
+        "--json",
+        "--net",
+        "proxy",
+        "--backend",
+        t.name(),
+        "--policy",
+    ])
+    .arg(policy)
+    .args(["-c", source]);
+    json_run(cmd.output().unwrap())
+}
+
+/// Runs a proxy job, or checks the refusal where the backend cannot give the shape.
+fn run(t: &Target, policy: &std::path::Path, source: &str) -> Option<serde_json::Value> {
+    let run = run_proxy(t, policy, source);
+    if t.kind == Kind::Gvisor {
+        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+        assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
+        assert!(
+            run.obs["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("proxy")
+        );
+        return None;
+    }
+    assert_eq!(
+        run.obs["outcome"], "exited",
+        "{:#}\n{}",
+        run.obs, run.stderr
+    );
+    Some(run.obs)
+}
+
+conformance! {
+    fn an_allowed_host_answers_through_the_proxy_from_urllib_and_curl(t: &Target) {
+        let server = RecordingServer::start("hello from api");
+        let allowed = format!("api.test:{}", server.port);
+        let policy = proxy_policy(t, std::slice::from_ref(&allowed), "");
+        let source = format!(
+            "import subprocess, urllib.request\n\
+             print(urllib.request.urlopen('http://{allowed}/a', timeout=5).read().decode())\n\
+             print(subprocess.run(['curl', '-s', 'http://{allowed}/b'], capture_output=True, text=True).stdout)"
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        assert_eq!(obs["stdout"], "hello from api\nhello from api\n", "{obs:#}");
+        assert_eq!(obs["network"]["connections"], 2);
+        assert_eq!(obs["network"]["denied"], 0);
+        assert_eq!(server.requests().len(), 2);
+        // Each request is an audit line of its own, tied to the job.
+        let audit = t.audit_lines();
+        let connections: Vec<&serde_json::Value> =
+            audit.iter().filter(|l| l["event"] == "connection").collect();
+        assert_eq!(connections.len(), 2);
+        for line in connections {
+            assert_eq!(line["job_id"], obs["job_id"]);
+            assert_eq!(line["verdict"], "allowed");
+            assert_eq!(line["host"], "api.test");
+            assert_eq!(line["resolved"], "127.0.0.1");
+        }
+    }
+
+    fn hosts_off_the_list_and_blocked_addresses_are_refused(t: &Target) {
+        let server = RecordingServer::start("should not be reached");
+        let port = server.port;
+        // metadata.test and private.test are on the list, but resolve to blocked ranges.
+        let allow = [
+            format!("api.test:{port}"),
+            "metadata.test:80".to_owned(),
+            "private.test:80".to_owned(),
+            "169.254.169.254:80".to_owned(),
+        ];
+        let policy = proxy_policy(t, &allow, "");
+        let source = format!(
+            "import urllib.request\n\
+             for url in ['http://other.test:{port}/', 'http://api.test:{}/', 'http://metadata.test/', \
+                         'http://private.test/', 'http://169.254.169.254/latest/meta-data/', \
+                         'http://0x7f.1:{port}/', 'http://2130706433:{port}/']:\n\
+             \x20   try:\n\
+             \x20       urllib.request.urlopen(url, timeout=5)\n\
+             \x20       print('REACHED', url)\n\
+             \x20   except Exception as e:\n\
+             \x20       print(getattr(e, 'code', e))",
+            port + 1
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        let lines: Vec<&str> = obs["stdout"].as_str().unwrap().lines().collect();
+        assert_eq!(lines, vec!["403"; 7], "{obs:#}");
+        assert_eq!(server.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(obs["network"]["denied"], 7);
+        let audit = t.audit_lines();
+        let metadata = audit
+            .iter()
+            .find(|l| l["event"] == "connection" && l["host"] == "metadata.test")
+            .expect("an audit line for metadata.test");
+        assert_eq!(metadata["verdict"], "denied");
+        assert!(metadata["resolved"].is_null(), "the proxy connected: {metadata}");
+    }
+
+    fn a_job_that_ignores_the_proxy_reaches_nothing(t: &Target) {
+        let server = RecordingServer::start("direct");
+        let policy = proxy_policy(t, &[format!("api.test:{}", server.port)], "");
+        let source = format!(
+            "import socket\n\
+             for addr in [('127.0.0.1', {}), ('10.0.0.1', 80), ('169.254.169.254', 80)]:\n\
+             \x20   s = socket.socket()\n\
+             \x20   s.settimeout(2)\n\
+             \x20   try:\n\
+             \x20       s.connect(addr)\n\
+             \x20       print('CONNECTED', addr)\n\
+             \x20   except OSError as e:\n\
+             \x20       print(e.errno)",
+            server.port
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        // ECONNREFUSED on its own loopback, ENETUNREACH everywhere else.
+        assert_eq!(obs["stdout"], "111\n101\n101\n", "{obs:#}");
+        assert_eq!(server.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    fn a_secret_is_replaced_only_toward_its_own_host(t: &Target) {
+        let api = RecordingServer::start("api");
+        let other = RecordingServer::start("other");
+        let allow = [
+            format!("api.test:{}", api.port),
+            format!("other.test:{}", other.port),
+        ];
+        let secret = format!(
+            "[[network.secrets]]\nenv = \"API_TOKEN\"\nplaceholder = \"{PLACEHOLDER}\"\n\
+             value_env = \"REAL_TOKEN\"\nhosts = [\"api.test:{}\"]",
+            api.port
+        );
+        let policy = proxy_policy(t, &allow, &secret);
+        let source = format!(
+            "import os, urllib.request\n\
+             token = os.environ['API_TOKEN']\n\
+             print(token)\n\
+             for host in ['api.test:{}', 'other.test:{}']:\n\
+             \x20   req = urllib.request.Request('http://' + host + '/', headers={{'Authorization': 'Bearer ' + token}})\n\
+             \x20   print(urllib.request.urlopen(req, timeout=5).read().decode())",
+            api.port, other.port
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        assert_eq!(obs["stdout"], format!("{PLACEHOLDER}\napi\nother\n"), "{obs:#}");
+        let to_api = api.requests().join("");
+        let to_other = other.requests().join("");
+        assert!(to_api.contains(&format!("Bearer {SECRET_VALUE}")), "{to_api}");
+        assert!(!to_other.contains(SECRET_VALUE), "the other host saw the secret: {to_other}");
+        assert!(to_other.contains(PLACEHOLDER), "{to_other}");
+        let everything = obs.to_string()
+            + &std::fs::read_to_string(t.path().join("audit.jsonl")).unwrap_or_default();
+        assert!(!everything.contains(SECRET_VALUE), "the secret leaked into the observation or audit log");
+    }
+
+    fn the_proxy_connection_limit_holds(t: &Target) {
+        let server = RecordingServer::start("ok");
+        let allowed = format!("api.test:{}", server.port);
+        let policy = proxy_policy(t, std::slice::from_ref(&allowed), "[network.limits]\nconnections = 2");
+        let source = format!(
+            "import urllib.request\n\
+             for _ in range(3):\n\
+             \x20   try:\n\
+             \x20       print(urllib.request.urlopen('http://{allowed}/', timeout=5).status)\n\
+             \x20   except Exception as e:\n\
+             \x20       print(getattr(e, 'code', e))"
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        assert_eq!(obs["stdout"], "200\n200\n429\n", "{obs:#}");
+        assert_eq!(obs["network"]["limit_hit"], "connection limit");
+        assert_eq!(server.requests().len(), 2);
+    }
+}
