@@ -196,7 +196,12 @@ mod tests {
         );
         assert_eq!(Digest::parse(d.as_str()).unwrap(), d);
         assert_eq!(d.short(), "e3b0c44298fc");
-        for bad in ["", "sha256:abc", "sha512:00", &format!("sha256:{}", "A".repeat(64))] {
+        for bad in [
+            "",
+            "sha256:abc",
+            "sha512:00",
+            &format!("sha256:{}", "A".repeat(64)),
+        ] {
             assert!(Digest::parse(bad).is_err(), "{bad}");
         }
     }

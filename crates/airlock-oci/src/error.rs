@@ -210,7 +210,11 @@ pub enum OciError {
 }
 
 impl OciError {
-    pub(crate) fn store_io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn store_io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
         OciError::StoreIo {
             op,
             path: path.into(),

@@ -33,7 +33,10 @@ pub fn write_archive(
     if let Some(name) = &name {
         let tag = name.rsplit_once(':').map_or("latest", |(_, t)| t);
         annotations.insert(image::ANNOTATION_REF_NAME.into(), tag.into());
-        annotations.insert(image::ANNOTATION_CONTAINERD_NAME.into(), name.clone().into());
+        annotations.insert(
+            image::ANNOTATION_CONTAINERD_NAME.into(),
+            name.clone().into(),
+        );
     }
     let index = serde_json::to_vec(&json!({
         "schemaVersion": 2,
@@ -66,7 +69,11 @@ pub fn write_archive(
     };
     for dir in ["blobs/", "blobs/sha256/"] {
         builder
-            .append_data(&mut header(tar::EntryType::Directory, 0o755, 0), dir, io::empty())
+            .append_data(
+                &mut header(tar::EntryType::Directory, 0o755, 0),
+                dir,
+                io::empty(),
+            )
             .map_err(io_err)?;
     }
     for digest in blobs {
@@ -87,7 +94,10 @@ pub fn write_archive(
     for (file_name, bytes) in [
         ("index.json", index.as_slice()),
         ("manifest.json", docker_manifest.as_slice()),
-        ("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#.as_slice()),
+        (
+            "oci-layout",
+            br#"{"imageLayoutVersion":"1.0.0"}"#.as_slice(),
+        ),
     ] {
         builder
             .append_data(

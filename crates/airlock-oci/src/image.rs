@@ -77,9 +77,8 @@ pub fn declared_media_type(bytes: &[u8]) -> Option<String> {
 
 /// Whether JSON bytes are an index (they have `manifests` and no `layers`).
 pub fn looks_like_index(bytes: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|v| {
-        v.get("manifests").is_some() && v.get("layers").is_none()
-    })
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .is_ok_and(|v| v.get("manifests").is_some() && v.get("layers").is_none())
 }
 
 /// This host's architecture in OCI terms.
@@ -105,9 +104,10 @@ pub fn select_platform(index_bytes: &[u8], what: &str) -> Result<(Digest, u64, S
     let arch = host_architecture();
     let mut offered = Vec::new();
     for m in index.manifests() {
-        let platform = m.platform().as_ref().map(|p| {
-            (p.os().to_string(), p.architecture().to_string())
-        });
+        let platform = m
+            .platform()
+            .as_ref()
+            .map(|p| (p.os().to_string(), p.architecture().to_string()));
         if let Some((os, a)) = &platform {
             offered.push(format!("{os}/{a}"));
             if os == "linux" && a == arch {
@@ -123,13 +123,20 @@ pub fn select_platform(index_bytes: &[u8], what: &str) -> Result<(Digest, u64, S
         what: what.to_owned(),
         reason: format!(
             "no manifest for linux/{arch} (offered: {})",
-            if offered.is_empty() { "none".to_owned() } else { offered.join(", ") }
+            if offered.is_empty() {
+                "none".to_owned()
+            } else {
+                offered.join(", ")
+            }
         ),
     })
 }
 
 /// Parses a manifest: the config descriptor and the layer descriptors.
-pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<(Digest, u64, Vec<(Digest, u64, String)>), OciError> {
+pub fn parse_manifest(
+    bytes: &[u8],
+    what: &str,
+) -> Result<(Digest, u64, Vec<(Digest, u64, String)>), OciError> {
     let manifest: ImageManifest =
         serde_json::from_slice(bytes).map_err(|source| OciError::ParseJson {
             what: what.to_owned(),
@@ -189,7 +196,10 @@ pub fn parse_image(
     if arch != host_architecture() {
         return Err(OciError::Unsupported {
             what: what.to_owned(),
-            reason: format!("the image is for {arch}, this host is {}", host_architecture()),
+            reason: format!(
+                "the image is for {arch}, this host is {}",
+                host_architecture()
+            ),
         });
     }
     let diff_ids = config.rootfs().diff_ids();

@@ -31,7 +31,11 @@ fn format_err(path: &Path, reason: impl Into<String>) -> OciError {
 
 /// Imports the image at `path` (a directory or an archive), naming it `name` (default:
 /// the name the archive carries, if any).
-pub fn import(store: &ImageStore, path: &Path, name: Option<&str>) -> Result<ImageRecord, OciError> {
+pub fn import(
+    store: &ImageStore,
+    path: &Path,
+    name: Option<&str>,
+) -> Result<ImageRecord, OciError> {
     let source = format!("import {}", path.display());
     if path.is_dir() {
         return import_dir(store, path, name, &source);
@@ -166,10 +170,20 @@ fn import_oci_layout(
     // With a name the layout does not carry, a layout of one image is still that image.
     if candidates.is_empty() && name.is_some() && index.manifests().len() == 1 {
         let m = &index.manifests()[0];
-        candidates.push((Digest::parse(&m.digest().to_string())?, m.size(), m.media_type().to_string(), None));
+        candidates.push((
+            Digest::parse(&m.digest().to_string())?,
+            m.size(),
+            m.media_type().to_string(),
+            None,
+        ));
     }
     let (digest, size, media_type, carried_name) = match candidates.len() {
-        0 => return Err(format_err(dir, format!("no image {} in index.json", name.unwrap_or("at all")))),
+        0 => {
+            return Err(format_err(
+                dir,
+                format!("no image {} in index.json", name.unwrap_or("at all")),
+            ));
+        }
         1 => candidates.remove(0),
         _ => {
             return Err(OciError::Ambiguous {
@@ -177,7 +191,11 @@ fn import_oci_layout(
                 candidates: format!(
                     "{} images; name one with --name ({})",
                     candidates.len(),
-                    candidates.iter().filter_map(|c| c.3.clone()).collect::<Vec<_>>().join(", ")
+                    candidates
+                        .iter()
+                        .filter_map(|c| c.3.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             });
         }
@@ -198,12 +216,34 @@ fn import_oci_layout(
     } else {
         (digest, size)
     };
-    copy_layout_blob(store, dir, &manifest, manifest_size, image::JSON_MAX_BYTES, "manifest")?;
+    copy_layout_blob(
+        store,
+        dir,
+        &manifest,
+        manifest_size,
+        image::JSON_MAX_BYTES,
+        "manifest",
+    )?;
     let manifest_bytes = store.read_blob(&manifest, image::JSON_MAX_BYTES)?;
-    let (config, config_size, layers) = image::parse_manifest(&manifest_bytes, &format!("manifest {manifest}"))?;
-    copy_layout_blob(store, dir, &config, config_size, image::JSON_MAX_BYTES, "config")?;
+    let (config, config_size, layers) =
+        image::parse_manifest(&manifest_bytes, &format!("manifest {manifest}"))?;
+    copy_layout_blob(
+        store,
+        dir,
+        &config,
+        config_size,
+        image::JSON_MAX_BYTES,
+        "config",
+    )?;
     for (layer, layer_size, _) in &layers {
-        copy_layout_blob(store, dir, layer, *layer_size, LAYER_BLOB_MAX_BYTES, "layer")?;
+        copy_layout_blob(
+            store,
+            dir,
+            layer,
+            *layer_size,
+            LAYER_BLOB_MAX_BYTES,
+            "layer",
+        )?;
     }
     drop(_store_lock);
     let names: Vec<String> = name
@@ -241,8 +281,8 @@ fn import_docker_save(
     source: &str,
 ) -> Result<ImageRecord, OciError> {
     let manifest_path = dir.join("manifest.json");
-    let entries: Vec<DockerSaveEntry> =
-        serde_json::from_slice(&read_small(&manifest_path)?).map_err(|source| OciError::ParseJson {
+    let entries: Vec<DockerSaveEntry> = serde_json::from_slice(&read_small(&manifest_path)?)
+        .map_err(|source| OciError::ParseJson {
             what: manifest_path.display().to_string(),
             source,
         })?;
@@ -259,14 +299,22 @@ fn import_docker_save(
     }
     let entry = match chosen.as_slice() {
         [one] => *one,
-        [] => return Err(format_err(dir, format!("no image {} in manifest.json", name.unwrap_or("at all")))),
+        [] => {
+            return Err(format_err(
+                dir,
+                format!("no image {} in manifest.json", name.unwrap_or("at all")),
+            ));
+        }
         many => {
             return Err(OciError::Ambiguous {
                 query: dir.display().to_string(),
                 candidates: format!(
                     "{} images; name one with --name ({})",
                     many.len(),
-                    many.iter().flat_map(|e| e.repo_tags.iter().flatten().cloned()).collect::<Vec<_>>().join(", ")
+                    many.iter()
+                        .flat_map(|e| e.repo_tags.iter().flatten().cloned())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             });
         }
@@ -279,10 +327,13 @@ fn import_docker_save(
         let path = inside(dir, layer)?;
         let mut file = File::open(&path).map_err(|e| OciError::store_io("open layer", &path, e))?;
         let mut head = [0u8; 4];
-        let n = file.read(&mut head).map_err(|e| OciError::store_io("read layer", &path, e))?;
+        let n = file
+            .read(&mut head)
+            .map_err(|e| OciError::store_io("read layer", &path, e))?;
         let compression = Compression::sniff(&head[..n]);
         let file = File::open(&path).map_err(|e| OciError::store_io("open layer", &path, e))?;
-        let (digest, size) = store.add_blob(BufReader::new(file), None, LAYER_BLOB_MAX_BYTES, "layer")?;
+        let (digest, size) =
+            store.add_blob(BufReader::new(file), None, LAYER_BLOB_MAX_BYTES, "layer")?;
         descriptors.push((digest, size, compression.oci_media_type().to_owned()));
     }
     // The config's diff_ids pair with the layers; parse_image checks the count, and the

@@ -164,7 +164,11 @@ mod tests {
         let src = tempfile::tempdir().unwrap();
         fs::create_dir_all(src.path().join("usr/bin")).unwrap();
         fs::write(src.path().join("usr/bin/tool"), b"#!/bin/sh\n").unwrap();
-        fs::hard_link(src.path().join("usr/bin/tool"), src.path().join("usr/bin/tool2")).unwrap();
+        fs::hard_link(
+            src.path().join("usr/bin/tool"),
+            src.path().join("usr/bin/tool2"),
+        )
+        .unwrap();
         std::os::unix::fs::symlink("usr/bin", src.path().join("bin")).unwrap();
         let out = tempfile::tempdir().unwrap();
         let a = write_layer(src.path(), File::create(out.path().join("a")).unwrap(), 0).unwrap();

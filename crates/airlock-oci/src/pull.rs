@@ -48,9 +48,7 @@ pub async fn pull(
         .map(|(_, d)| d)
         .ok_or_else(|| bad_ref("pull by digest only: write REF@sha256:…"))?;
     let pinned = Digest::parse(pinned)?;
-    let parsed: Reference = reference
-        .parse()
-        .map_err(|e| bad_ref(&format!("{e}")))?;
+    let parsed: Reference = reference.parse().map_err(|e| bad_ref(&format!("{e}")))?;
     let client = Client::new(ClientConfig {
         protocol: if options.plain_http {
             ClientProtocol::Http
@@ -99,7 +97,12 @@ pub async fn pull(
 
     let store_lock = store.lock_store(false)?;
     store.add_blob_bytes(&manifest_bytes)?;
-    let mut blobs = vec![(config, config_size, image::MEDIA_OCI_CONFIG.to_owned(), image::JSON_MAX_BYTES)];
+    let mut blobs = vec![(
+        config,
+        config_size,
+        image::MEDIA_OCI_CONFIG.to_owned(),
+        image::JSON_MAX_BYTES,
+    )];
     blobs.extend(
         layers
             .into_iter()
@@ -119,7 +122,11 @@ pub async fn pull(
             .pull_blob_stream(&parsed, &descriptor)
             .await
             .map_err(pull_err)?;
-        let mut blob = store.begin_blob(Some((&digest, size)), limit, &format!("blob from {reference}"))?;
+        let mut blob = store.begin_blob(
+            Some((&digest, size)),
+            limit,
+            &format!("blob from {reference}"),
+        )?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|source| OciError::PullStream {
                 reference: reference.to_owned(),

@@ -115,7 +115,8 @@ pub fn parse_rfc3339_secs(text: &str) -> Option<u64> {
                 b'-' => -1,
                 _ => return None,
             };
-            sign * (rest.get(1..3)?.parse::<i64>().ok()? * 3600 + rest.get(4..6)?.parse::<i64>().ok()? * 60)
+            sign * (rest.get(1..3)?.parse::<i64>().ok()? * 3600
+                + rest.get(4..6)?.parse::<i64>().ok()? * 60)
         }
         _ => return None,
     };
@@ -162,7 +163,9 @@ pub fn check_name(name: &str) -> Result<(), OciError> {
         return Err(bad("must be 1-255 characters"));
     }
     if name.contains('@') {
-        return Err(bad("a name carries no digest (airlock records the digest itself)"));
+        return Err(bad(
+            "a name carries no digest (airlock records the digest itself)",
+        ));
     }
     if !name
         .bytes()
@@ -319,7 +322,10 @@ impl ImageStore {
             return Err(OciError::store_io(
                 "open image store",
                 root,
-                io::Error::new(io::ErrorKind::NotFound, "no image store here (airlock image build, import or pull makes one)"),
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "no image store here (airlock image build, import or pull makes one)",
+                ),
             ));
         }
         Ok(Self {
@@ -366,7 +372,10 @@ impl ImageStore {
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|source| OciError::Lock { path: path.clone(), source })?;
+            .map_err(|source| OciError::Lock {
+                path: path.clone(),
+                source,
+            })?;
         let op = if exclusive {
             FlockOperation::NonBlockingLockExclusive
         } else {
@@ -454,7 +463,12 @@ impl ImageStore {
     /// Adds a blob held in memory.
     pub fn add_blob_bytes(&self, bytes: &[u8]) -> Result<Digest, OciError> {
         let digest = Digest::of_bytes(bytes);
-        self.add_blob(bytes, Some((&digest, bytes.len() as u64)), bytes.len() as u64, "blob")?;
+        self.add_blob(
+            bytes,
+            Some((&digest, bytes.len() as u64)),
+            bytes.len() as u64,
+            "blob",
+        )?;
         Ok(digest)
     }
 
@@ -554,14 +568,22 @@ impl ImageStore {
             1 => Ok(matches.into_iter().next().ok_or_else(not_found)?),
             _ => Err(OciError::Ambiguous {
                 query: query.to_owned(),
-                candidates: matches.iter().map(|r| r.id.to_string()).collect::<Vec<_>>().join(", "),
+                candidates: matches
+                    .iter()
+                    .map(|r| r.id.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             }),
         }
     }
 
     /// Checks a manifest already in the store (with its config and layer blobs) and
     /// parses it.
-    pub fn parse_stored(&self, manifest: &Digest, what: &str) -> Result<(Vec<u8>, ParsedImage), OciError> {
+    pub fn parse_stored(
+        &self,
+        manifest: &Digest,
+        what: &str,
+    ) -> Result<(Vec<u8>, ParsedImage), OciError> {
         let manifest_bytes = self.read_blob(manifest, image::JSON_MAX_BYTES)?;
         let (config, config_size, layers) = image::parse_manifest(&manifest_bytes, what)?;
         let config_bytes = self.read_blob(&config, image::JSON_MAX_BYTES)?;
@@ -575,7 +597,8 @@ impl ImageStore {
         let parsed = image::parse_image(&config_bytes, &layers, what)?;
         for layer in &parsed.layers {
             let path = self.blob_path(&layer.digest);
-            let meta = fs::metadata(&path).map_err(|e| OciError::store_io("find layer blob", &path, e))?;
+            let meta =
+                fs::metadata(&path).map_err(|e| OciError::store_io("find layer blob", &path, e))?;
             if meta.len() != layer.size {
                 return Err(OciError::SizeMismatch {
                     what: format!("{what} layer {}", layer.digest),
@@ -605,7 +628,10 @@ impl ImageStore {
         self.ensure_rootfs(&parsed.id, &parsed.layers)?;
         let _store = self.lock_store(true)?;
         let previous = self.record(&parsed.id)?;
-        let mut all_names: Vec<String> = previous.as_ref().map(|r| r.names.clone()).unwrap_or_default();
+        let mut all_names: Vec<String> = previous
+            .as_ref()
+            .map(|r| r.names.clone())
+            .unwrap_or_default();
         for name in names {
             let name = with_tag(name);
             if !all_names.contains(&name) {
@@ -621,8 +647,12 @@ impl ImageStore {
             config_size: parsed.config_size,
             names: all_names,
             created: parsed.created.clone(),
-            added_unix_secs: previous.as_ref().map_or_else(now_secs, |r| r.added_unix_secs),
-            source: previous.as_ref().map_or_else(|| source.to_owned(), |r| r.source.clone()),
+            added_unix_secs: previous
+                .as_ref()
+                .map_or_else(now_secs, |r| r.added_unix_secs),
+            source: previous
+                .as_ref()
+                .map_or_else(|| source.to_owned(), |r| r.source.clone()),
             platform: parsed.platform.clone(),
             user: parsed.user.clone(),
             layers: parsed.layers.clone(),
@@ -650,7 +680,11 @@ impl ImageStore {
 
     fn write_index(&self) -> Result<(), OciError> {
         let records = self.list()?;
-        write_atomic(&self.tmp_dir(), &self.root.join("index.json"), &render_index(&records))
+        write_atomic(
+            &self.tmp_dir(),
+            &self.root.join("index.json"),
+            &render_index(&records),
+        )
     }
 
     /// The unpacked, read-only tree of an image in the store, unpacking it first if
@@ -697,7 +731,8 @@ impl ImageStore {
             let _ = unpack::remove_tree(&tree);
             return Err(e);
         }
-        fs::rename(&tree, &dir).map_err(|e| OciError::store_io("move unpacked tree into place", &dir, e))?;
+        fs::rename(&tree, &dir)
+            .map_err(|e| OciError::store_io("move unpacked tree into place", &dir, e))?;
         tracing::info!(image = %id, layers = layers.len(), elapsed_ms = started.elapsed().as_millis() as u64, "image unpacked");
         Ok(true)
     }
@@ -725,7 +760,8 @@ impl ImageStore {
                 }
             })?;
             let path = self.blob_path(&layer.digest);
-            let file = File::open(&path).map_err(|e| OciError::store_io("open layer blob", &path, e))?;
+            let file =
+                File::open(&path).map_err(|e| OciError::store_io("open layer blob", &path, e))?;
             let raw = HashingReader::new(BufReader::new(file), layer.size);
             let remaining = unpacker.remaining_bytes();
             let io_fail = |op: &'static str| {
@@ -737,7 +773,11 @@ impl ImageStore {
                             limit: format!("{remaining} bytes"),
                         }
                     } else {
-                        OciError::UnpackIo { layer: name.clone(), op: op.to_owned(), source: e }
+                        OciError::UnpackIo {
+                            layer: name.clone(),
+                            op: op.to_owned(),
+                            source: e,
+                        }
                     }
                 }
             };
@@ -754,8 +794,8 @@ impl ImageStore {
                     (d, n, gz.into_inner())
                 }
                 Compression::Zstd => {
-                    let decoder = zstd::stream::read::Decoder::new(raw)
-                        .map_err(io_fail("start zstd"))?;
+                    let decoder =
+                        zstd::stream::read::Decoder::new(raw).map_err(io_fail("start zstd"))?;
                     let tar = HashingReader::new(decoder, remaining);
                     let tar = unpacker.apply_layer(&name, tar)?;
                     let (d, n, z) = tar.finish().map_err(io_fail("decompress"))?;
@@ -793,7 +833,9 @@ impl ImageStore {
         let dir = self.rootfs_path(&record.id);
         if dir.exists() {
             // Out of the cache's name first, so no new job finds a half-removed tree.
-            let trash = self.tmp_dir().join(format!("trash-{}-{}", record.id.hex(), std::process::id()));
+            let trash =
+                self.tmp_dir()
+                    .join(format!("trash-{}-{}", record.id.hex(), std::process::id()));
             fs::rename(&dir, &trash).map_err(|e| OciError::store_io("move out", &dir, e))?;
             unpack::remove_tree(&trash).map_err(|e| OciError::store_io("remove", &trash, e))?;
         }
@@ -818,7 +860,8 @@ impl ImageStore {
             let entry = entry.map_err(|e| OciError::store_io("read", &dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if !keep.contains(&name) {
-                fs::remove_file(entry.path()).map_err(|e| OciError::store_io("remove blob", entry.path(), e))?;
+                fs::remove_file(entry.path())
+                    .map_err(|e| OciError::store_io("remove blob", entry.path(), e))?;
                 removed += 1;
             }
         }
@@ -831,7 +874,10 @@ pub fn write_atomic(tmp_dir: &Path, dest: &Path, bytes: &[u8]) -> Result<(), Oci
     let mut tmp = tempfile::NamedTempFile::new_in(tmp_dir)
         .map_err(|e| OciError::store_io("create temporary file", tmp_dir, e))?;
     tmp.write_all(bytes)
-        .and_then(|()| tmp.as_file().set_permissions(fs::Permissions::from_mode(0o644)))
+        .and_then(|()| {
+            tmp.as_file()
+                .set_permissions(fs::Permissions::from_mode(0o644))
+        })
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| OciError::store_io("write", dest, e))?;
     tmp.persist(dest)
@@ -880,8 +926,14 @@ mod tests {
     #[test]
     fn rfc3339_round_trips() {
         assert_eq!(parse_rfc3339_secs("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_rfc3339_secs("2024-02-29T12:34:56.789Z"), Some(1_709_210_096));
-        assert_eq!(parse_rfc3339_secs("2024-02-29T14:34:56+02:00"), Some(1_709_210_096));
+        assert_eq!(
+            parse_rfc3339_secs("2024-02-29T12:34:56.789Z"),
+            Some(1_709_210_096)
+        );
+        assert_eq!(
+            parse_rfc3339_secs("2024-02-29T14:34:56+02:00"),
+            Some(1_709_210_096)
+        );
         assert_eq!(format_rfc3339(1_709_210_096), "2024-02-29T12:34:56Z");
         assert_eq!(parse_rfc3339_secs("yesterday"), None);
     }
@@ -894,7 +946,10 @@ mod tests {
             assert!(check_name(bad).is_err(), "{bad}");
         }
         assert_eq!(with_tag("python"), "python:latest");
-        assert_eq!(with_tag("127.0.0.1:5000/python"), "127.0.0.1:5000/python:latest");
+        assert_eq!(
+            with_tag("127.0.0.1:5000/python"),
+            "127.0.0.1:5000/python:latest"
+        );
         assert_eq!(with_tag("python:3"), "python:3");
     }
 }

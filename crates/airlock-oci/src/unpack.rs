@@ -229,11 +229,7 @@ impl Unpacker {
     /// Applies one uncompressed layer tar read from `reader` (which the caller bounds to
     /// [`Unpacker::remaining_bytes`]); returns the reader, positioned after the archive's
     /// end marker. `bytes_read` tells how many bytes the reader passed.
-    pub fn apply_layer<R: Read>(
-        &mut self,
-        layer: &str,
-        reader: R,
-    ) -> Result<R, OciError> {
+    pub fn apply_layer<R: Read>(&mut self, layer: &str, reader: R) -> Result<R, OciError> {
         let mut archive = tar::Archive::new(reader);
         let mut created: HashSet<Vec<u8>> = HashSet::new();
         let entries = archive
@@ -339,7 +335,11 @@ impl Unpacker {
                 let fd = rustix::fs::openat(
                     &parent_fd,
                     os(name),
-                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o600),
                 )
                 .map_err(errno_io("create file"))?;
@@ -477,7 +477,11 @@ impl Unpacker {
             return Ok(());
         }
         let target = &name[WHITEOUT_PREFIX.len()..];
-        if target.is_empty() || target == b"." || target == b".." || target.starts_with(WHITEOUT_PREFIX) {
+        if target.is_empty()
+            || target == b"."
+            || target == b".."
+            || target.starts_with(WHITEOUT_PREFIX)
+        {
             return Err(refused("malformed whiteout"));
         }
         if created.contains(&child_path(target)) {
@@ -542,7 +546,9 @@ impl Unpacker {
     pub fn finish(self) -> Result<(), OciError> {
         // Deepest first, so a parent made read-only does not stop its children's chmod.
         let mut dirs: Vec<(&Vec<u8>, &u32)> = self.dirs.iter().collect();
-        dirs.sort_by_key(|(path, _)| std::cmp::Reverse(path.iter().filter(|b| **b == b'/').count()));
+        dirs.sort_by_key(|(path, _)| {
+            std::cmp::Reverse(path.iter().filter(|b| **b == b'/').count())
+        });
         for (path, mode) in dirs {
             let fd = match rustix::fs::openat2(
                 &self.root,
@@ -573,7 +579,10 @@ impl Unpacker {
 }
 
 fn beneath_flags() -> ResolveFlags {
-    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV
+    ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV
 }
 
 fn open_beneath(dir: &OwnedFd, path: &[u8]) -> Result<OwnedFd, Errno> {
@@ -648,7 +657,10 @@ pub fn remove_any(parent: &impl AsFd, name: &[u8]) -> io::Result<()> {
 /// Removes a whole directory tree at `path` (not following symlinks inside it).
 pub fn remove_tree(path: &Path) -> io::Result<()> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(io::Error::other(format!("cannot remove {}", path.display())));
+        return Err(io::Error::other(format!(
+            "cannot remove {}",
+            path.display()
+        )));
     };
     let parent = rustix::fs::open(
         parent,
@@ -685,7 +697,10 @@ mod tests {
         assert!(symlink_target_stays_inside(&parent, b"../lib/x"));
         assert!(symlink_target_stays_inside(&parent, b"../../etc/x"));
         assert!(symlink_target_stays_inside(&parent, b"/etc/alternatives/x"));
-        assert!(!symlink_target_stays_inside(&parent, b"../../../etc/shadow"));
+        assert!(!symlink_target_stays_inside(
+            &parent,
+            b"../../../etc/shadow"
+        ));
         assert!(!symlink_target_stays_inside(&[], b"/../etc"));
     }
 
