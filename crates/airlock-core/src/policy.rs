@@ -995,6 +995,11 @@ pub struct KubePolicy {
     /// profile installed on every node (below the kubelet's seccomp directory), e.g.
     /// airlock's own policy rendered by `airlock kube seccomp-profile`.
     pub seccomp_profile: String,
+    /// How output is read: `merged` (stdout and stderr interleaved by the Pod log API,
+    /// returned as stdout; needs `allow_degraded = ["merged_logs"]`) or `split` (the log
+    /// API's `stream=Stdout|Stderr`, which needs the `PodLogsQuerySplitStreams` feature
+    /// gate; a cluster that ignores it fails the job rather than mixing the streams).
+    pub log_streams: KubeLogStreams,
     /// Longest time from the Pod's creation to its program's start (scheduling, image,
     /// volumes).
     #[serde(with = "duration_serde")]
@@ -1021,6 +1026,19 @@ pub enum KubeDegraded {
     /// S5: with `seccomp_profile = "RuntimeDefault"` the runtime's default filter applies,
     /// not airlock's (which also denies ptrace, io_uring, userfaultfd, ...).
     Seccomp,
+    /// S7: with `log_streams = "merged"`, stderr arrives interleaved in stdout.
+    MergedLogs,
+}
+
+/// How the Kubernetes backend reads a job's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KubeLogStreams {
+    /// One interleaved stream, reported as stdout.
+    #[default]
+    Merged,
+    /// Two streams (`stream=Stdout`, `stream=Stderr`).
+    Split,
 }
 
 impl KubeDegraded {
@@ -1031,6 +1049,7 @@ impl KubeDegraded {
             KubeDegraded::Pids => "pids",
             KubeDegraded::NetworkPolicy => "network_policy",
             KubeDegraded::Seccomp => "seccomp",
+            KubeDegraded::MergedLogs => "merged_logs",
         }
     }
 }
@@ -1231,6 +1250,7 @@ impl Default for KubePolicy {
             ephemeral_storage: ByteSize::mib(256),
             max_pods: 16,
             seccomp_profile: Self::SECCOMP_RUNTIME_DEFAULT.to_owned(),
+            log_streams: KubeLogStreams::Merged,
             start_timeout: Duration::from_secs(60),
             allow_degraded: Vec::new(),
         }
@@ -1446,6 +1466,7 @@ mod tests {
             "[kube]\nseccomp_profile = \"Localhost:../x.json\"",
             "[kube]\nstart_timeout = \"0s\"",
             "[kube]\nallow_degraded = [\"everything\"]",
+            "[kube]\nlog_streams = \"both\"",
             "[kube]\napi = \"x\"",
         ] {
             let text = format!("version = \"t\"\n{bad}\n");

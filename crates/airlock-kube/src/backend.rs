@@ -1,0 +1,931 @@
+//! The backend: checks what the job needs against what a Pod can give, creates the Pod
+//! (write 1), watches it start, follows its log (bounded by `limitBytes`) while watching it
+//! end, enforces wall time and the output flood, and deletes the Pod (write 2).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_core::capture::BoundedCapture;
+use airlock_core::policy::{KubeDegraded, KubeLogStreams, KubePolicy, NetworkMode, Policy};
+use airlock_core::{
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
+    RunReport, StreamKind, Termination,
+};
+use futures_util::io::{AsyncBufRead, AsyncReadExt};
+use futures_util::stream::{BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, LogParams, PostParams, WatchEvent, WatchParams};
+use kube::{Client, Config};
+use tokio::sync::OnceCell;
+
+use crate::error::{KubeError, status_code};
+use crate::pod::{self, CONTAINER, PodPlan, STDERR_MARKER, STDOUT_MARKER};
+use crate::status::{self, PodState};
+
+/// Attempts at a request the API server throttled (429) before the job fails.
+pub const THROTTLE_RETRIES: u32 = 5;
+/// The first wait after a 429; each further wait doubles.
+pub const THROTTLE_FIRST_DELAY: Duration = Duration::from_millis(200);
+/// How long one watch request may last before the server ends it and airlock re-watches.
+pub const WATCH_TIMEOUT_SECS: u32 = 290;
+/// Longest wait for the log streams to end once the container ended.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for the Pod to be gone after the delete (the kubelet stops a running
+/// container first).
+pub const DELETE_WAIT: Duration = Duration::from_secs(15);
+/// Grace period of the delete: the kubelet sends SIGTERM, then SIGKILL after this.
+pub const DELETE_GRACE_SECS: u32 = 1;
+/// Bytes read from a log stream at a time.
+pub const LOG_CHUNK_BYTES: usize = 64 * 1024;
+/// Longest first line that may be a split-stream marker.
+pub const MARKER_LINE_MAX_BYTES: usize = 128;
+/// How often the janitor runs while a backend lives.
+pub const JANITOR_INTERVAL: Duration = Duration::from_secs(300);
+
+/// The Kubernetes backend.
+pub struct KubeBackend {
+    kube: KubePolicy,
+    /// A client given by the caller (tests: a mocked API server).
+    given: Option<Client>,
+    /// The configuration of the client, kept to build a fresh client when a Pod must be
+    /// deleted from a thread of its own (an interrupted job).
+    config: OnceCell<Option<Config>>,
+    client: OnceCell<Client>,
+    /// Whether the janitor is started when the backend connects.
+    janitor: bool,
+}
+
+impl std::fmt::Debug for KubeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeBackend")
+            .field("namespace", &self.kube.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loads the client configuration the policy names: its kubeconfig and context, else
+/// `$KUBECONFIG` / `~/.kube/config`, else the in-cluster service account.
+pub async fn load_config(kube: &KubePolicy) -> Result<Config, KubeError> {
+    let options = kube::config::KubeConfigOptions {
+        context: (!kube.context.is_empty()).then(|| kube.context.clone()),
+        cluster: None,
+        user: None,
+    };
+    let origin = kube.kubeconfig.display().to_string();
+    let load = |source: Box<dyn std::error::Error + Send + Sync>| KubeError::LoadConfig {
+        origin: origin.clone(),
+        source,
+    };
+    if !kube.kubeconfig.as_os_str().is_empty() {
+        let file =
+            kube::config::Kubeconfig::read_from(&kube.kubeconfig).map_err(|e| load(Box::new(e)))?;
+        return Config::from_custom_kubeconfig(file, &options)
+            .await
+            .map_err(|e| load(Box::new(e)));
+    }
+    if options.context.is_some() {
+        return Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| load(Box::new(e)));
+    }
+    Config::infer().await.map_err(|e| load(Box::new(e)))
+}
+
+/// The controls a Pod gives only in a weaker form under `kube`, each with why.
+pub fn weaker_controls(kube: &KubePolicy) -> Vec<(KubeDegraded, &'static str)> {
+    let mut weaker = vec![
+        (
+            KubeDegraded::TmpExec,
+            "/tmp is a size-limited emptyDir, which Kubernetes cannot mount noexec",
+        ),
+        (
+            KubeDegraded::Pids,
+            "a Pod has no pids limit of its own; the node's kubelet podPidsLimit applies",
+        ),
+        (
+            KubeDegraded::NetworkPolicy,
+            "the Pod has a network interface; egress is denied by the namespace's NetworkPolicy, enforced by the cluster's CNI",
+        ),
+    ];
+    if kube.seccomp_profile == KubePolicy::SECCOMP_RUNTIME_DEFAULT {
+        weaker.push((
+            KubeDegraded::Seccomp,
+            "the runtime's default seccomp filter applies, not airlock's",
+        ));
+    }
+    if kube.log_streams == KubeLogStreams::Merged {
+        weaker.push((
+            KubeDegraded::MergedLogs,
+            "the Pod log API interleaves stderr into stdout",
+        ));
+    }
+    weaker
+}
+
+/// Refuses `kube` unless the policy accepts every weaker control; returns the observation's
+/// `degraded` entries.
+pub fn check_degraded(kube: &KubePolicy) -> Result<Vec<String>, KubeError> {
+    let weaker = weaker_controls(kube);
+    let missing: Vec<&(KubeDegraded, &str)> = weaker
+        .iter()
+        .filter(|(control, _)| !kube.allow_degraded.contains(control))
+        .collect();
+    if !missing.is_empty() {
+        return Err(KubeError::DegradedNotAccepted {
+            missing: missing
+                .iter()
+                .map(|(c, why)| format!("{} ({why})", c.as_str()))
+                .collect::<Vec<_>>()
+                .join("; "),
+            accept: missing
+                .iter()
+                .map(|(c, _)| format!("{:?}", c.as_str()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(weaker
+        .iter()
+        .map(|(c, why)| format!("{}: {why}", c.as_str()))
+        .collect())
+}
+
+/// Retries `op` while the API server answers 429, waiting longer each time.
+pub async fn retry_throttled<T, F, Fut>(mut op: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut delay = THROTTLE_FIRST_DELAY;
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(e) if status_code(&e) == Some(429) && attempt < THROTTLE_RETRIES => {
+                tracing::debug!(
+                    attempt,
+                    delay_ms = delay.as_millis() as u64,
+                    "throttled by the API server"
+                );
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl KubeBackend {
+    /// A backend for a policy. Nothing is asked of the cluster until the first job (the
+    /// engine opens backends synchronously).
+    pub fn new(policy: &Policy) -> Self {
+        Self {
+            kube: policy.kube.clone(),
+            given: None,
+            config: OnceCell::new(),
+            client: OnceCell::new(),
+            janitor: true,
+        }
+    }
+
+    /// A backend that talks through `client` (a mocked or fake API server in tests), with
+    /// no janitor.
+    pub fn with_client(policy: &Policy, client: Client) -> Self {
+        Self {
+            kube: policy.kube.clone(),
+            given: Some(client),
+            config: OnceCell::const_new_with(None),
+            client: OnceCell::new(),
+            janitor: false,
+        }
+    }
+
+    /// The `[kube]` settings.
+    pub fn policy(&self) -> &KubePolicy {
+        &self.kube
+    }
+
+    /// The client, connected once.
+    pub async fn client(&self) -> Result<&Client, KubeError> {
+        self.client
+            .get_or_try_init(|| async {
+                let client = match &self.given {
+                    Some(client) => client.clone(),
+                    None => {
+                        let config = load_config(&self.kube).await?;
+                        let _ = self.config.set(Some(config.clone()));
+                        Client::try_from(config).map_err(KubeError::BuildClient)?
+                    }
+                };
+                if self.janitor {
+                    let api: Api<Pod> = Api::namespaced(client.clone(), &self.kube.namespace);
+                    tokio::spawn(async move {
+                        loop {
+                            match crate::janitor::sweep(&api).await {
+                                Ok(0) => {}
+                                Ok(n) => {
+                                    tracing::info!(removed = n, "janitor removed expired job Pods")
+                                }
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "janitor cannot sweep job Pods")
+                                }
+                            }
+                            tokio::time::sleep(JANITOR_INTERVAL).await;
+                        }
+                    });
+                }
+                Ok(client)
+            })
+            .await
+    }
+
+    fn check_supported(&self, job: &JobSpec) -> Result<(), KubeError> {
+        if job.network == NetworkMode::Proxy {
+            return Err(KubeError::FeatureUnavailable {
+                feature: "network mode proxy",
+                reason:
+                    "the egress proxy is not wired into the kube backend; use network mode none"
+                        .into(),
+            });
+        }
+        if job.filesystem.out.enabled {
+            return Err(KubeError::FeatureUnavailable {
+                feature: "/out",
+                reason:
+                    "released files would need a third API call per job or a host path; not built"
+                        .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The Pod `job` would run in (no I/O): what `run_job` creates.
+    pub fn manifest(&self, job: &JobSpec) -> Result<Pod, KubeError> {
+        let (reference, digest) =
+            self.kube
+                .image_ref(&job.filesystem.rootfs)
+                .ok_or_else(|| KubeError::NotAnImage {
+                    rootfs: job.filesystem.rootfs.to_string(),
+                })?;
+        let pod = pod::pod_manifest(
+            job,
+            &PodPlan {
+                kube: &self.kube,
+                image_reference: &reference,
+                image_digest: &digest,
+            },
+        )?;
+        let violations = crate::pss::restricted_violations(&pod);
+        if !violations.is_empty() {
+            return Err(KubeError::Restricted(violations.join("; ")));
+        }
+        Ok(pod)
+    }
+
+    /// Runs one job in a fresh Pod and deletes it.
+    pub async fn run_job(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<RunReport, KubeError> {
+        let degraded = check_degraded(&self.kube)?;
+        self.check_supported(job)?;
+        let manifest = self.manifest(job)?;
+        let digest = self
+            .kube
+            .image_ref(&job.filesystem.rootfs)
+            .map(|(_, d)| d)
+            .unwrap_or_default();
+        let client = self.client().await?;
+        let ns = self.kube.namespace.clone();
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let name = pod::pod_name(job);
+        let object = format!("pod {ns}/{name}");
+
+        let setup_started = Instant::now();
+        // Write 1 of 2.
+        let post = PostParams::default();
+        let created = retry_throttled(|| api.create(&post, &manifest))
+            .await
+            .map_err(|source| KubeError::Api {
+                operation: "create",
+                object: object.clone(),
+                source,
+            })?;
+        tracing::debug!(job_id = %job.id, pod = %name, "pod created");
+        let guard = PodGuard::new(
+            client.clone(),
+            self.config.get().cloned().flatten(),
+            &ns,
+            &name,
+        );
+        let ran = self
+            .follow(job, tap, client, &api, &created, setup_started, &object)
+            .await;
+        // Write 2 of 2, whatever happened.
+        let deleted = guard.delete(&api).await;
+        let mut report = ran?;
+        if let Err(e) = deleted {
+            tracing::warn!(job_id = %job.id, error = %e, "job pod not removed; the janitor will");
+        }
+        report.image_digest = Some(digest);
+        report.degraded = degraded;
+        Ok(report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn follow(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+        client: &Client,
+        api: &Api<Pod>,
+        created: &Pod,
+        setup_started: Instant,
+        object: &str,
+    ) -> Result<RunReport, KubeError> {
+        let name = pod::pod_name(job);
+        let mut watch = PodWatch::new(api, &name, created);
+        let start_deadline =
+            tokio::time::Instant::from_std(setup_started + self.kube.start_timeout);
+        let mut last_state = String::from("created");
+        // Phase 1: until the program runs (or already ended).
+        let mut ended: Option<status::Ended> = None;
+        loop {
+            let event = tokio::select! {
+                event = watch.next() => event?,
+                _ = tokio::time::sleep_until(start_deadline) => {
+                    return Err(KubeError::StartTimeout {
+                        pod: object.to_owned(),
+                        seconds: self.kube.start_timeout.as_secs(),
+                        last_state,
+                    });
+                }
+            };
+            let Some(pod) = event else {
+                return Err(KubeError::Vanished {
+                    pod: object.to_owned(),
+                });
+            };
+            match status::pod_state(&pod) {
+                PodState::Waiting(reason) => {
+                    if !reason.is_empty() {
+                        last_state = reason;
+                    }
+                }
+                PodState::Running => break,
+                PodState::Ended(e) => {
+                    ended = Some(e);
+                    break;
+                }
+                PodState::Failed { reason, message } => {
+                    return Err(KubeError::StartFailed {
+                        pod: object.to_owned(),
+                        reason,
+                        message,
+                    });
+                }
+            }
+        }
+        let started_at = Instant::now();
+        let setup = started_at.saturating_duration_since(setup_started);
+        tracing::debug!(job_id = %job.id, setup_ms = setup.as_millis() as u64, "job pod started");
+        let mut ended_at = ended.as_ref().map(|_| started_at);
+
+        // Phase 2: follow the log while watching for the end.
+        let flood = job.limits.flood.as_u64();
+        let limit_bytes = i64::try_from(flood.saturating_add(MARKER_LINE_MAX_BYTES as u64 + 1))
+            .unwrap_or(i64::MAX);
+        let ns = &self.kube.namespace;
+        let split = self.kube.log_streams == KubeLogStreams::Split;
+        let mut streams: Vec<(StreamKind, LogChunks, MarkerFilter)> = Vec::new();
+        let kinds: &[(StreamKind, Option<&str>)] = if split {
+            &[
+                (StreamKind::Stdout, Some("Stdout")),
+                (StreamKind::Stderr, Some("Stderr")),
+            ]
+        } else {
+            &[(StreamKind::Stdout, None)]
+        };
+        for (kind, param) in kinds {
+            let reader = retry_throttled(|| open_log(client, ns, &name, *param, limit_bytes))
+                .await
+                .map_err(|source| KubeError::Api {
+                    operation: "read the log of",
+                    object: object.to_owned(),
+                    source,
+                })?;
+            let filter = MarkerFilter::new(*kind, split.then(|| job.id.to_string()));
+            streams.push((*kind, log_chunks(reader), filter));
+        }
+        let keep_out = usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX);
+        let keep_err = usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX);
+        let mut stdout = BoundedCapture::new(keep_out);
+        let mut stderr = BoundedCapture::new(keep_err);
+        let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
+        let mut limit_hit: Option<LimitHit> = None;
+        let mut done = vec![false; streams.len()];
+        let far = deadline + Duration::from_secs(365 * 24 * 3600);
+        let mut drain_deadline: Option<tokio::time::Instant> = ended
+            .as_ref()
+            .map(|_| tokio::time::Instant::now() + DRAIN_TIMEOUT);
+
+        while limit_hit.is_none() && !(done.iter().all(|d| *d) && ended.is_some()) {
+            let next_chunk = async {
+                let mut futures = Vec::new();
+                for (i, (_, chunks, _)) in streams.iter_mut().enumerate() {
+                    if !done[i] {
+                        futures.push(Box::pin(async move { (i, chunks.next().await) }));
+                    }
+                }
+                if futures.is_empty() {
+                    std::future::pending::<(usize, Option<std::io::Result<Vec<u8>>>)>().await
+                } else {
+                    futures_util::future::select_all(futures).await.0
+                }
+            };
+            tokio::select! {
+                (i, item) = next_chunk => match item {
+                    Some(Ok(bytes)) => {
+                        let (kind, _, filter) = &mut streams[i];
+                        let kind = *kind;
+                        let bytes = filter.push(&bytes)?;
+                        if bytes.is_empty() {
+                            continue;
+                        }
+                        let capture = match kind {
+                            StreamKind::Stdout => &mut stdout,
+                            StreamKind::Stderr => &mut stderr,
+                        };
+                        if let Some(tap) = &tap {
+                            let room = capture.keep().saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
+                            if room > 0 {
+                                tap(kind, &bytes[..bytes.len().min(room)]);
+                            }
+                        }
+                        capture.push(&bytes);
+                        if stdout.total().saturating_add(stderr.total()) > flood {
+                            limit_hit = Some(LimitHit::OutputFlood);
+                            ended_at.get_or_insert_with(Instant::now);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(job_id = %job.id, error = %e, "log stream failed");
+                        done[i] = true;
+                    }
+                    None => {
+                        let (kind, _, filter) = &mut streams[i];
+                        let rest = filter.finish()?;
+                        if !rest.is_empty() {
+                            match kind {
+                                StreamKind::Stdout => stdout.push(&rest),
+                                StreamKind::Stderr => stderr.push(&rest),
+                            }
+                        }
+                        done[i] = true;
+                    }
+                },
+                event = watch.next(), if ended.is_none() => match event? {
+                    Some(pod) => match status::pod_state(&pod) {
+                        PodState::Ended(e) => {
+                            ended = Some(e);
+                            ended_at = Some(Instant::now());
+                            drain_deadline = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+                        }
+                        PodState::Failed { reason, message } => {
+                            return Err(KubeError::StartFailed { pod: object.to_owned(), reason, message });
+                        }
+                        PodState::Waiting(_) | PodState::Running => {}
+                    },
+                    None => return Err(KubeError::Vanished { pod: object.to_owned() }),
+                },
+                _ = tokio::time::sleep_until(deadline), if ended.is_none() => {
+                    limit_hit = Some(LimitHit::Timeout);
+                    ended_at = Some(Instant::now());
+                }
+                _ = tokio::time::sleep_until(drain_deadline.unwrap_or(far)), if drain_deadline.is_some() => {
+                    tracing::warn!(job_id = %job.id, "log stream did not end after the container did");
+                    break;
+                }
+            }
+        }
+
+        let ended_at = ended_at.unwrap_or_else(Instant::now);
+        let (termination, oom, deadline_hit) = match (&ended, limit_hit) {
+            // airlock ends the job by deleting its Pod: the kubelet kills it.
+            (None, Some(_)) | (None, None) => (Termination::Signaled(9), false, false),
+            (Some(e), _) => {
+                if e.evicted {
+                    tracing::warn!(job_id = %job.id, "the kubelet evicted the job pod (ephemeral storage or node pressure)");
+                }
+                (status::termination(e), e.oom, e.deadline)
+            }
+        };
+        let limit_hit = limit_hit.or(deadline_hit.then_some(LimitHit::Timeout));
+        Ok(RunReport {
+            termination,
+            limit_hit,
+            oom_kills: u64::from(oom),
+            stdout: stdout.finish(),
+            stderr: stderr.finish(),
+            duration: ended_at.saturating_duration_since(started_at),
+            setup,
+            cpu_time: None,
+            peak_memory_bytes: None,
+            image_digest: None,
+            degraded: Vec::new(),
+            out_files: Vec::new(),
+            out_rejected: Vec::new(),
+            network: None,
+        })
+    }
+}
+
+/// A log stream as chunks of bytes.
+pub type LogChunks = BoxStream<'static, std::io::Result<Vec<u8>>>;
+
+fn log_chunks(reader: impl AsyncBufRead + Send + 'static) -> LogChunks {
+    futures_util::stream::unfold(Some(Box::pin(reader)), |reader| async move {
+        let mut reader = reader?;
+        let mut buf = vec![0u8; LOG_CHUNK_BYTES];
+        match reader.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(buf), Some(reader)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    })
+    .boxed()
+}
+
+/// The log request: follow the job container, at most `limit_bytes`, one stream
+/// (`Stdout`/`Stderr`, split mode) or both interleaved.
+pub fn log_request(
+    ns: &str,
+    name: &str,
+    stream: Option<&str>,
+    limit_bytes: i64,
+) -> Result<http::Request<Vec<u8>>, kube::core::request::Error> {
+    let params = LogParams {
+        container: Some(CONTAINER.to_owned()),
+        follow: true,
+        limit_bytes: Some(limit_bytes),
+        ..Default::default()
+    };
+    let mut request =
+        kube::core::Request::new(format!("/api/v1/namespaces/{ns}/pods")).logs(name, &params)?;
+    if let Some(stream) = stream {
+        // kube-rs's LogParams has no `stream` (Kubernetes 1.32+, feature-gated).
+        let uri = format!("{}&stream={stream}", request.uri());
+        *request.uri_mut() = uri.parse().map_err(|e: http::uri::InvalidUri| {
+            kube::core::request::Error::BuildRequest(e.into())
+        })?;
+    }
+    Ok(request)
+}
+
+async fn open_log(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    stream: Option<&str>,
+    limit_bytes: i64,
+) -> Result<impl AsyncBufRead + Send + 'static + use<>, kube::Error> {
+    let request = log_request(ns, name, stream, limit_bytes).map_err(kube::Error::BuildRequest)?;
+    client.request_stream(request).await
+}
+
+/// Strips the split-mode marker line from the start of a stream, and tells a cluster that
+/// ignored `stream=` (both streams then start with the same line, so one of them starts
+/// with the other's marker).
+#[derive(Debug)]
+pub struct MarkerFilter {
+    own: Option<Vec<u8>>,
+    other: Vec<u8>,
+    head: Vec<u8>,
+    passing: bool,
+}
+
+impl MarkerFilter {
+    /// A filter for `kind`'s stream; `job_id` is `None` in merged mode (no markers).
+    pub fn new(kind: StreamKind, job_id: Option<String>) -> Self {
+        let (own, other) = match kind {
+            StreamKind::Stdout => (STDOUT_MARKER, STDERR_MARKER),
+            StreamKind::Stderr => (STDERR_MARKER, STDOUT_MARKER),
+        };
+        match job_id {
+            Some(id) => Self {
+                own: Some(format!("{own}{id}\n").into_bytes()),
+                other: format!("{other}{id}\n").into_bytes(),
+                head: Vec::new(),
+                passing: false,
+            },
+            None => Self {
+                own: None,
+                other: Vec::new(),
+                head: Vec::new(),
+                passing: true,
+            },
+        }
+    }
+
+    /// The job's bytes in `chunk` (possibly none yet, while the first line is incomplete).
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<u8>, KubeError> {
+        if self.passing {
+            return Ok(chunk.to_vec());
+        }
+        self.head.extend_from_slice(chunk);
+        match self.head.iter().position(|b| *b == b'\n') {
+            Some(end) => self.decide(end + 1),
+            None if self.head.len() > MARKER_LINE_MAX_BYTES => {
+                self.passing = true;
+                Ok(std::mem::take(&mut self.head))
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn decide(&mut self, line_end: usize) -> Result<Vec<u8>, KubeError> {
+        self.passing = true;
+        let head = std::mem::take(&mut self.head);
+        let line = &head[..line_end];
+        if Some(line) == self.own.as_deref() {
+            return Ok(head[line_end..].to_vec());
+        }
+        if line == self.other.as_slice() {
+            return Err(KubeError::SplitStreamsUnsupported);
+        }
+        // The wrapper failed before its marker: show what it said.
+        Ok(head)
+    }
+
+    /// What is left when the stream ends.
+    pub fn finish(&mut self) -> Result<Vec<u8>, KubeError> {
+        if self.passing {
+            return Ok(Vec::new());
+        }
+        let len = self.head.len();
+        if self.head.last() == Some(&b'\n')
+            || Some(self.head.as_slice()) == self.own.as_deref().map(|o| &o[..o.len() - 1])
+        {
+            return self.decide(len);
+        }
+        self.passing = true;
+        Ok(std::mem::take(&mut self.head))
+    }
+}
+
+/// One Pod, watched: every version of it from its creation on, re-watching when the server
+/// ends a watch and re-reading it when the watch's version is too old (410).
+pub struct PodWatch<'a> {
+    api: &'a Api<Pod>,
+    name: String,
+    version: String,
+    stream: Option<BoxStream<'a, Result<WatchEvent<Pod>, kube::Error>>>,
+    first: Option<Pod>,
+}
+
+impl<'a> PodWatch<'a> {
+    /// Watches `created` (the create call's answer, whose version the watch starts from).
+    pub fn new(api: &'a Api<Pod>, name: &str, created: &Pod) -> Self {
+        Self {
+            api,
+            name: name.to_owned(),
+            version: created
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_else(|| "0".to_owned()),
+            stream: None,
+            first: Some(created.clone()),
+        }
+    }
+
+    fn api_error(&self, operation: &'static str, source: kube::Error) -> KubeError {
+        KubeError::Api {
+            operation,
+            object: format!(
+                "pod {}/{}",
+                self.api.resource_url().rsplit('/').nth(1).unwrap_or(""),
+                self.name
+            ),
+            source,
+        }
+    }
+
+    /// Re-reads the Pod after a 410; `None` when it is gone.
+    async fn resync(&mut self) -> Result<Option<Pod>, KubeError> {
+        self.stream = None;
+        let pod = retry_throttled(|| self.api.get_opt(&self.name))
+            .await
+            .map_err(|e| self.api_error("read", e))?;
+        if let Some(pod) = &pod
+            && let Some(version) = &pod.metadata.resource_version
+        {
+            self.version = version.clone();
+        }
+        Ok(pod)
+    }
+
+    /// The Pod's next version; `None` when it was deleted.
+    pub async fn next(&mut self) -> Result<Option<Pod>, KubeError> {
+        if let Some(pod) = self.first.take() {
+            return Ok(Some(pod));
+        }
+        loop {
+            if self.stream.is_none() {
+                let params = WatchParams::default()
+                    .fields(&format!("metadata.name={}", self.name))
+                    .timeout(WATCH_TIMEOUT_SECS);
+                let version = self.version.clone();
+                match retry_throttled(|| self.api.watch(&params, &version)).await {
+                    Ok(stream) => self.stream = Some(stream.boxed()),
+                    Err(e) if status_code(&e) == Some(410) => return self.resync().await,
+                    Err(e) => return Err(self.api_error("watch", e)),
+                }
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                continue;
+            };
+            match stream.next().await {
+                // The server ended the watch (its timeout): watch again from here.
+                None => self.stream = None,
+                Some(Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod))) => {
+                    if let Some(version) = &pod.metadata.resource_version {
+                        self.version = version.clone();
+                    }
+                    return Ok(Some(pod));
+                }
+                Some(Ok(WatchEvent::Deleted(_))) => return Ok(None),
+                Some(Ok(WatchEvent::Bookmark(bookmark))) => {
+                    self.version = bookmark.metadata.resource_version;
+                }
+                Some(Ok(WatchEvent::Error(status))) if status.code == 410 => {
+                    return self.resync().await;
+                }
+                Some(Ok(WatchEvent::Error(status))) => {
+                    return Err(self.api_error("watch", kube::Error::Api(status)));
+                }
+                Some(Err(e)) if status_code(&e) == Some(410) => return self.resync().await,
+                Some(Err(e)) => return Err(self.api_error("watch", e)),
+            }
+        }
+    }
+}
+
+/// Deletes a job's Pod when the job's future is dropped before it did so itself (SIGINT,
+/// SIGTERM, a server shutting down).
+///
+/// As for the Docker backend's container guard, the delete runs on a thread of its own with
+/// a private runtime (and a fresh client when the configuration is known), and drop waits
+/// for it up to [`DELETE_WAIT`].
+pub struct PodGuard {
+    client: Client,
+    config: Option<Config>,
+    namespace: String,
+    name: Option<String>,
+}
+
+impl std::fmt::Debug for PodGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodGuard")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PodGuard {
+    /// A guard for the Pod `name`.
+    pub fn new(client: Client, config: Option<Config>, namespace: &str, name: &str) -> Self {
+        Self {
+            client,
+            config,
+            namespace: namespace.to_owned(),
+            name: Some(name.to_owned()),
+        }
+    }
+
+    /// Deletes the Pod now, waits until it is gone, and disarms the guard.
+    pub async fn delete(mut self, api: &Api<Pod>) -> Result<(), KubeError> {
+        match self.name.take() {
+            Some(name) => delete_pod(api, &name).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Deletes a Pod (a 404 is fine) and waits until it is gone: a running container is
+/// stopped by the kubelet before the Pod object disappears, so when this returns nothing
+/// of the job runs.
+pub async fn delete_pod(api: &Api<Pod>, name: &str) -> Result<(), KubeError> {
+    let object = || format!("pod {name}");
+    let params = DeleteParams {
+        grace_period_seconds: Some(DELETE_GRACE_SECS),
+        ..Default::default()
+    };
+    let pending = match retry_throttled(|| api.delete(name, &params)).await {
+        Ok(either) => either.left(),
+        Err(e) if status_code(&e) == Some(404) => None,
+        Err(source) => {
+            return Err(KubeError::Api {
+                operation: "delete",
+                object: object(),
+                source,
+            });
+        }
+    };
+    // Deleted at once (it had ended): done. Otherwise wait for the kubelet.
+    let Some(pod) = pending else {
+        return Ok(());
+    };
+    let mut watch = PodWatch::new(api, name, &pod);
+    let _ = watch.next().await; // the version the delete returned
+    let wait = async {
+        loop {
+            if watch.next().await?.is_none() {
+                return Ok::<(), KubeError>(());
+            }
+        }
+    };
+    match tokio::time::timeout(DELETE_WAIT, wait).await {
+        Ok(result) => result,
+        Err(_) => Err(KubeError::DeleteTimeout {
+            pod: object(),
+            seconds: DELETE_WAIT.as_secs(),
+        }),
+    }
+}
+
+impl Drop for PodGuard {
+    fn drop(&mut self) {
+        let Some(name) = self.name.take() else {
+            return;
+        };
+        tracing::info!(pod = %name, "job interrupted: deleting its pod");
+        let client = self.client.clone();
+        let config = self.config.clone();
+        let namespace = self.namespace.clone();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("airlock-kube-delete".into())
+            .spawn(move || {
+                let result = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("runtime: {e}"))
+                    .and_then(|runtime| {
+                        runtime.block_on(async {
+                            let client = match config {
+                                Some(config) => {
+                                    Client::try_from(config).map_err(|e| e.to_string())?
+                                }
+                                None => client,
+                            };
+                            let api: Api<Pod> = Api::namespaced(client, &namespace);
+                            delete_pod(&api, &name).await.map_err(|e| e.to_string())
+                        })
+                    });
+                let _ = done_tx.send(result);
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the pod deletion thread");
+            return;
+        }
+        match done_rx.recv_timeout(DELETE_WAIT + Duration::from_secs(5)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "cannot delete an interrupted job's pod"),
+            Err(_) => tracing::error!("deleting an interrupted job's pod timed out"),
+        }
+    }
+}
+
+impl Backend for KubeBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Kube
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: BackendKind::Kube,
+            network_proxy: false,
+            out_dir: false,
+            image_rootfs: true,
+        }
+    }
+
+    fn run<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        Box::pin(async move { self.run_job(job, tap).await.map_err(BackendError::from) })
+    }
+}
+
+/// Opens the backend for a policy, as an `Arc<dyn Backend>`.
+pub fn open(policy: &Policy) -> Result<Arc<dyn Backend>, BackendError> {
+    Ok(Arc::new(KubeBackend::new(policy)))
+}
