@@ -666,14 +666,16 @@ impl MarkerFilter {
         if self.passing {
             return Ok(Vec::new());
         }
-        let len = self.head.len();
-        if self.head.last() == Some(&b'\n')
-            || Some(self.head.as_slice()) == self.own.as_deref().map(|o| &o[..o.len() - 1])
-        {
-            return self.decide(len);
-        }
         self.passing = true;
-        Ok(std::mem::take(&mut self.head))
+        let head = std::mem::take(&mut self.head);
+        let bare = |marker: &[u8]| marker.strip_suffix(b"\n").map(<[u8]>::to_vec);
+        if Some(&head) == self.own.as_deref().and_then(bare).as_ref() {
+            return Ok(Vec::new());
+        }
+        if Some(&head) == bare(&self.other).as_ref() {
+            return Err(KubeError::SplitStreamsUnsupported);
+        }
+        Ok(head)
     }
 }
 

@@ -1,0 +1,6 @@
+mod common;
+mod golden;
+mod objects;
+mod protocol;
+mod status;
+mod wrapper;
