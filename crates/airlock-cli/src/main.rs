@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod image;
 mod mcp;
 mod run;
 mod serve;
@@ -40,6 +41,8 @@ enum Command {
     /// Policy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Images: build, import, pull by digest, list, inspect, remove, save, load.
+    Image(image::ImageArgs),
     /// Serve the HTTP API (and MCP over HTTP at /mcp).
     Serve(Box<serve::ServeArgs>),
     /// Serve the run_code tool over MCP on stdio (logs go to stderr).
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::doctor(args),
+        Command::Image(args) => image::image(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(&file),
         Command::Policy(PolicyCommand::Show { file }) => policy_show(file.as_deref()),
         Command::Serve(args) => serve::serve(*args),

@@ -54,6 +54,18 @@ fn job_env(job: &JobSpec) -> Vec<(String, String)> {
     }
 }
 
+/// An error and its sources, joined with ": ".
+fn error_text(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Inodes of `/out` beyond `max_files`, for the directories a job makes.
 pub const OUT_SPARE_INODES: u64 = 64;
 /// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
@@ -72,6 +84,8 @@ pub struct NativeConfig {
     pub host_uid_base: u32,
     /// Weaker shapes the policy accepts.
     pub allow_degraded: Vec<DegradedControl>,
+    /// The image store `image:` rootfs specs are resolved in (`[images] store`).
+    pub image_store: PathBuf,
 }
 
 impl NativeConfig {
@@ -83,6 +97,7 @@ impl NativeConfig {
             cgroup_parent: policy.native.cgroup_parent.clone(),
             host_uid_base: policy.native.host_uid_base,
             allow_degraded: policy.native.allow_degraded.clone(),
+            image_store: airlock_oci::store::store_dir(&policy.images),
         }
     }
 }
@@ -187,12 +202,10 @@ impl NativeBackend {
     }
 
     fn check_supported(&self, job: &JobSpec) -> Result<(), NativeError> {
-        if let RootfsSpec::Image { .. } = job.filesystem.rootfs {
-            return Err(NativeError::FeatureUnavailable {
-                feature: "image rootfs",
-                reason: "OCI image import is not built yet; use rootfs \"host\" or \"dir:/path\""
-                    .into(),
-            });
+        if let RootfsSpec::Image { reference, digest } = &job.filesystem.rootfs {
+            // Before anything of the job exists: the image must be in the store; unpacked
+            // into the cache now if it is not yet (never pulled).
+            self.image_rootfs(reference, digest)?;
         }
         let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
         if let Some(hard) = nofile.maximum
@@ -211,6 +224,16 @@ impl NativeBackend {
         Ok(())
     }
 
+    /// The read-only tree of the image pinned by `digest`, from the image store.
+    fn image_rootfs(&self, reference: &str, digest: &str) -> Result<PathBuf, NativeError> {
+        airlock_oci::store::rootfs_for_job(&self.config.image_store, reference, digest).map_err(
+            |e| NativeError::Rootfs {
+                path: self.config.image_store.clone(),
+                source: std::io::Error::other(error_text(&e)),
+            },
+        )
+    }
+
     fn plan(
         &self,
         job: &JobSpec,
@@ -225,11 +248,12 @@ impl NativeBackend {
                     source,
                 })?
             }
-            RootfsSpec::Image { .. } => {
-                return Err(NativeError::FeatureUnavailable {
-                    feature: "image rootfs",
-                    reason: "not built yet".into(),
-                });
+            RootfsSpec::Image { reference, digest } => {
+                // The unpacked tree is used like a dir: rootfs (top-level entries bound
+                // read-only).
+                let tree = self.image_rootfs(reference, digest)?;
+                RootfsLayout::probe_dir(&tree)
+                    .map_err(|source| NativeError::Rootfs { path: tree, source })?
             }
         };
         let mounts = mount_plan::build_mount_plan(
@@ -340,11 +364,14 @@ impl NativeBackend {
             None => None,
         };
         let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
+        tracing::debug!(job_id = %job.id, "plan ready");
         let supervised = self.supervise(job, &plan, tap, proxy_config).await;
+        tracing::debug!(job_id = %job.id, "job over; tearing down");
 
         // Teardown, whatever happened: kill what is left, read the accounting, remove the
         // cgroup and the job directory. Blocking work, off the async threads.
         let teardown = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
+        tracing::debug!(job_id = %job.id, "torn down");
         let stats = match teardown {
             Ok(Ok(stats)) => stats,
             Ok(Err(e)) => return Err(e),
@@ -383,7 +410,11 @@ impl NativeBackend {
             setup: supervised.setup,
             cpu_time,
             peak_memory_bytes,
-            image_digest: None,
+            // The pinned digest, as the container backends report it.
+            image_digest: match &job.filesystem.rootfs {
+                RootfsSpec::Image { digest, .. } => Some(digest.clone()),
+                RootfsSpec::Host | RootfsSpec::Dir(_) => None,
+            },
             degraded: self.degraded.clone(),
             out_files: released.files,
             out_rejected: released.rejected,
@@ -440,6 +471,7 @@ impl NativeBackend {
         drop(passed);
         drop(plan_read);
         drop(status_write);
+        tracing::debug!(job_id = %job.id, "helper spawned");
         let handoff = handoff.map(|(ours, _theirs)| ours);
 
         let plan_json = serde_json::to_vec(plan)
@@ -490,7 +522,10 @@ impl NativeBackend {
         let started_at = loop {
             tokio::select! {
                 event = events.recv() => match event {
-                    Some(InitEvent::Started) => break Some(Instant::now()),
+                    Some(InitEvent::Started) => {
+                        tracing::debug!(job_id = %job.id, "program started");
+                        break Some(Instant::now());
+                    }
                     Some(failed @ InitEvent::Failed { .. }) => {
                         final_event = Some(failed);
                         break None;

@@ -384,13 +384,14 @@ fn rootfs_checks(policy: &Policy) -> Vec<Check> {
     let root = match &policy.filesystem.rootfs {
         RootfsSpec::Host => Path::new("/").to_owned(),
         RootfsSpec::Dir(p) => p.clone(),
-        RootfsSpec::Image { reference, digest } => {
-            return vec![Check::missing(
-                "rootfs",
-                format!("image:{reference}@{digest}: image rootfs is not built yet"),
-                "use rootfs = \"host\" or \"dir:/path\"",
-            )];
-        }
+        RootfsSpec::Image { reference, digest } => match image_checks(policy, reference, digest) {
+            Ok((tree, checks)) => {
+                let mut all = checks;
+                all.extend(language_checks(policy, &tree));
+                return all;
+            }
+            Err(check) => return vec![check],
+        },
     };
     let mut checks = Vec::new();
     if !root.join("usr").is_dir() {
@@ -405,6 +406,67 @@ fn rootfs_checks(policy: &Policy) -> Vec<Check> {
         "rootfs",
         format!("{} (read-only)", policy.filesystem.rootfs),
     ));
+    checks.extend(language_checks(policy, &root));
+    checks
+}
+
+/// The image a policy pins: in the store, unpacked (unpacking it now if needed), and
+/// made within `[images] rebuild_age_days` (older is a warning: rebuild it).
+fn image_checks(
+    policy: &Policy,
+    reference: &str,
+    digest: &str,
+) -> Result<(std::path::PathBuf, Vec<Check>), Check> {
+    let store_dir = airlock_oci::store::store_dir(&policy.images);
+    let spec = format!("image:{reference}@{digest}");
+    let fix = format!(
+        "add it to the store {}: airlock image build SPEC, airlock image import ARCHIVE or \
+         airlock image pull REF@{digest}",
+        store_dir.display()
+    );
+    let store = airlock_oci::ImageStore::open_existing(&store_dir)
+        .map_err(|e| Check::missing("rootfs", format!("{spec}: {e}"), fix.clone()))?;
+    let record = store
+        .resolve(digest)
+        .map_err(|e| Check::missing("rootfs", format!("{spec}: {e}"), fix.clone()))?;
+    let tree = airlock_oci::store::rootfs_for_job(&store_dir, reference, digest).map_err(|e| {
+        Check::missing(
+            "rootfs",
+            format!("{spec}: cannot unpack: {e}"),
+            "rebuild or re-import the image; airlock refuses images with setuid files, \
+                 device nodes or paths leaving the tree",
+        )
+    })?;
+    let mut checks = vec![Check::ok(
+        "rootfs",
+        format!(
+            "{spec} (image id {}, {} layer(s), read-only from {})",
+            record.id,
+            record.layers.len(),
+            tree.display()
+        ),
+    )];
+    let age = record.age(std::time::SystemTime::now());
+    let age_days = age.as_secs() / 86_400;
+    let made = airlock_oci::store::format_rfc3339(record.made_unix_secs());
+    let max_days = u64::from(policy.images.rebuild_age_days);
+    checks.push(if age_days >= max_days {
+        Check::warning(
+            "image age",
+            format!("{spec} was made {made}, {age_days} days ago: older than the policy's rebuild age of {max_days} days"),
+            "rebuild it (airlock image build SPEC) to pick up security updates, and pin the new digest",
+        )
+    } else {
+        Check::ok(
+            "image age",
+            format!("made {made}, {age_days} days ago (rebuild age {max_days} days)"),
+        )
+    });
+    Ok((tree, checks))
+}
+
+fn language_checks(policy: &Policy, root: &Path) -> Vec<Check> {
+    let mut checks = Vec::new();
     for (name, spec) in &policy.languages {
         let program = &spec.command[0];
         let found = if program.contains('/') {

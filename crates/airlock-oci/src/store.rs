@@ -869,6 +869,65 @@ impl ImageStore {
     }
 }
 
+/// airlock's state directory, by the same rules as `airlock_engine::state_dir`:
+/// `$AIRLOCK_STATE_DIR`, else `/var/lib/airlock` for root, else `$XDG_STATE_HOME/airlock`,
+/// else `~/.local/state/airlock`.
+pub fn state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("AIRLOCK_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if rustix::process::geteuid().is_root() {
+        return PathBuf::from("/var/lib/airlock");
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("airlock");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/state/airlock"),
+        None => std::env::temp_dir().join("airlock-state"),
+    }
+}
+
+/// The store a policy names: `[images] store`, else `images` under the state directory.
+pub fn store_dir(images: &airlock_core::policy::ImagesPolicy) -> PathBuf {
+    if images.store.as_os_str().is_empty() {
+        ImageStore::default_path(&state_dir())
+    } else {
+        images.store.clone()
+    }
+}
+
+/// The read-only tree a job with `rootfs = "image:REF@DIGEST"` runs on: the image pinned
+/// by `digest` (its id, or its manifest digest) in the store at `store_dir`, unpacked
+/// first if the cache lacks it. Never pulls or imports: an image not in the store is an
+/// error that says how to add it. `REF` is informational; the digest decides.
+pub fn rootfs_for_job(
+    store_dir: &Path,
+    reference: &str,
+    digest: &str,
+) -> Result<PathBuf, OciError> {
+    let digest = Digest::parse(digest)?;
+    let store = ImageStore::open_existing(store_dir)?;
+    let record = match store.record(&digest)? {
+        Some(record) => record,
+        None => store
+            .list()?
+            .into_iter()
+            .find(|r| r.manifest == digest)
+            .ok_or_else(|| OciError::ImageNotFound {
+                query: format!(
+                    "{reference}@{digest} (add it with airlock image build, import or pull)"
+                ),
+                store: store_dir.to_owned(),
+            })?,
+    };
+    let (tree, unpacked) = store.rootfs(&record.id)?;
+    if unpacked {
+        tracing::info!(image = %record.id, "unpacked on first use");
+    }
+    Ok(tree)
+}
+
 /// Writes a file by writing a temporary one beside `tmp_dir` and renaming it into place.
 pub fn write_atomic(tmp_dir: &Path, dest: &Path, bytes: &[u8]) -> Result<(), OciError> {
     let mut tmp = tempfile::NamedTempFile::new_in(tmp_dir)

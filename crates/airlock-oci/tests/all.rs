@@ -1,0 +1,2 @@
+//! airlock-oci's integration tests, one binary (`tests/suite/`).
+mod suite;
