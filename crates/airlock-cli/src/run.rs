@@ -270,7 +270,9 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
         Ok(a) => a,
         Err(e) => return result(refuse(ErrorKind::Internal, error_chain(&e), &version)),
     };
+    tracing::debug!("opening the backend");
     let backend = airlock_engine::backends::open(backend_kind, &loaded);
+    tracing::debug!("backend open");
     let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
     engine.run_until(request, None, interrupted(), None).await
 }
