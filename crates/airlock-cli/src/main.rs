@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+#[cfg(feature = "kube")]
+mod kube;
 mod image;
 mod mcp;
 mod run;
@@ -50,6 +52,9 @@ enum Command {
     /// Bearer tokens for `airlock serve`.
     #[command(subcommand)]
     Token(serve::TokenCommand),
+    /// The Kubernetes backend: prepare a job namespace, print the seccomp profile.
+    #[cfg(feature = "kube")]
+    Kube(kube::KubeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,6 +90,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(*args),
         Command::Mcp(args) => mcp::mcp(args),
         Command::Token(command) => serve::token(command),
+        #[cfg(feature = "kube")]
+        Command::Kube(args) => kube::kube(args),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use airlock_core::{Backend, BackendError, BackendKind, ErrorKind};
+use airlock_core::{Backend, BackendError, BackendKind};
 use airlock_docker::Flavor;
 
 use crate::LoadedPolicy;
@@ -20,9 +20,14 @@ pub fn open(kind: BackendKind, loaded: &LoadedPolicy) -> Result<Arc<dyn Backend>
         BackendKind::Docker => airlock_docker::backend::open(&loaded.policy, Flavor::Docker),
         BackendKind::Podman => airlock_docker::backend::open(&loaded.policy, Flavor::Podman),
         BackendKind::Gvisor => airlock_docker::backend::open(&loaded.policy, Flavor::Gvisor),
+        #[cfg(feature = "kube")]
+        BackendKind::Kube => airlock_kube::open(&loaded.policy),
+        #[cfg(not(feature = "kube"))]
         BackendKind::Kube => Err(BackendError::new(
-            ErrorKind::BackendUnavailable,
-            format!("the {kind} backend is not built yet; use --backend native"),
+            airlock_core::ErrorKind::BackendUnavailable,
+            format!(
+                "this airlock was built without the {kind} backend; rebuild with `--features kube`"
+            ),
         )),
     }
 }

@@ -91,6 +91,12 @@ pub async fn load_config(kube: &KubePolicy) -> Result<Config, KubeError> {
     Config::infer().await.map_err(|e| load(Box::new(e)))
 }
 
+/// A client for the cluster the policy names (see [`load_config`]).
+pub async fn connect(kube: &KubePolicy) -> Result<Client, KubeError> {
+    let config = load_config(kube).await?;
+    Client::try_from(config).map_err(KubeError::BuildClient)
+}
+
 /// The controls a Pod gives only in a weaker form under `kube`, each with why.
 pub fn weaker_controls(kube: &KubePolicy) -> Vec<(KubeDegraded, &'static str)> {
     let mut weaker = vec![

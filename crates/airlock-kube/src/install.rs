@@ -340,3 +340,76 @@ pub fn objects(plan: &InstallPlan) -> Result<Vec<serde_json::Value>, serde_json:
         typed(&plan.doctor_cluster_role_binding())?,
     ])
 }
+
+/// The field manager airlock's server-side applies use.
+pub const FIELD_MANAGER: &str = "airlock";
+
+async fn apply_one<K>(api: kube::Api<K>, object: &K) -> Result<String, crate::KubeError>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let what = format!("{} {name}", K::kind(&()));
+    let params = kube::api::PatchParams::apply(FIELD_MANAGER).force();
+    crate::backend::retry_throttled(|| api.patch(&name, &params, &kube::api::Patch::Apply(object)))
+        .await
+        .map_err(|source| crate::KubeError::Api {
+            operation: "apply",
+            object: what.clone(),
+            source,
+        })?;
+    Ok(what)
+}
+
+/// Applies every object of the plan with server-side apply (idempotent: a second run
+/// changes nothing); returns what was applied, in order.
+pub async fn apply(
+    client: &kube::Client,
+    plan: &InstallPlan,
+) -> Result<Vec<String>, crate::KubeError> {
+    use kube::Api;
+    let ns = plan.namespace.as_str();
+    Ok(vec![
+        apply_one(Api::<Namespace>::all(client.clone()), &plan.namespace()).await?,
+        apply_one(
+            Api::<NetworkPolicy>::namespaced(client.clone(), ns),
+            &plan.network_policy(),
+        )
+        .await?,
+        apply_one(
+            Api::<ResourceQuota>::namespaced(client.clone(), ns),
+            &plan.resource_quota(),
+        )
+        .await?,
+        apply_one(
+            Api::<LimitRange>::namespaced(client.clone(), ns),
+            &plan.limit_range(),
+        )
+        .await?,
+        apply_one(
+            Api::<ServiceAccount>::namespaced(client.clone(), ns),
+            &plan.job_service_account(),
+        )
+        .await?,
+        apply_one(Api::<Role>::namespaced(client.clone(), ns), &plan.role()).await?,
+        apply_one(
+            Api::<RoleBinding>::namespaced(client.clone(), ns),
+            &plan.role_binding(),
+        )
+        .await?,
+        apply_one(
+            Api::<ClusterRole>::all(client.clone()),
+            &plan.doctor_cluster_role(),
+        )
+        .await?,
+        apply_one(
+            Api::<ClusterRoleBinding>::all(client.clone()),
+            &plan.doctor_cluster_role_binding(),
+        )
+        .await?,
+    ])
+}
