@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Images end to end (issue 9), as root on Debian 12:
+#   1. builds a Python image from a spec with two wheels from a local wheelhouse (pip
+#      download of pinned pure-Python packages, hashed here), twice, to check that the
+#      same inputs give the same digest;
+#   2. loads it into Docker and runs the conformance suite on docker and gvisor with it,
+#      and airlock-oci's tests (hostile archives, whiteouts, concurrency, the image from
+#      inside jobs on native, docker and gvisor with one digest, doctor's age warning);
+#   3. starts Debian's docker-registry on 127.0.0.1, pushes with skopeo, pulls by digest
+#      (and refuses a tampered blob).
+# Installs debootstrap, skopeo, docker-registry (and docker.io, runsc, python3-pip if
+# missing); starts dockerd only if none answers and the registry always, and stops only
+# what it started, by pid. Downloads are cached in ${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+cache="${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}"
+state="$cache/images"
+mkdir -p "$state"
+t0=$(date +%s)
+step_start=$t0
+declare -a timings=()
+log() { printf '==> %s\n' "$*" >&2; }
+lap() { local now; now=$(date +%s); timings+=("$1: $((now - step_start)) s"); step_start=$now; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/ci/images.sh: run as root (debootstrap, chroot, dockerd)" >&2
+  exit 1
+fi
+
+# 1. Packages.
+need=()
+for pair in debootstrap:debootstrap skopeo:skopeo docker-registry:docker-registry \
+            dockerd:docker.io runsc:runsc curl:curl unshare:util-linux; do
+  command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+lap packages
+
+work="$(mktemp -d /tmp/airlock-images.XXXXXX)"
+chmod 755 "$work"
+started_pids=()
+cleanup() {
+  local pid
+  docker image rm -f "$image_name" >/dev/null 2>&1 || true
+  for pid in "${started_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${started_pids[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  done
+  rm -rf "$work"
+}
+image_name=airlock-oci-test/python:ci
+trap cleanup EXIT
+
+# 2. Daemons: dockerd (only if none answers; scripts/ci/docker.sh usually started it) and
+# a registry of our own on 127.0.0.1, storage in the scratch directory.
+docker_sock=/var/run/docker.sock
+if ! curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1; then
+  log "starting dockerd"
+  cat >"$work/daemon.json" <<'JSON'
+{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]}}}
+JSON
+  dockerd --config-file "$work/daemon.json" >"$work/dockerd.log" 2>&1 &
+  started_pids+=($!)
+  for _ in $(seq 1 300); do
+    curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+fi
+registry_port="${AIRLOCK_CI_REGISTRY_PORT:-5077}"
+registry="127.0.0.1:$registry_port"
+mkdir -p "$work/registry"
+cat >"$work/registry.yml" <<YAML
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $work/registry
+  delete:
+    enabled: true
+http:
+  addr: $registry
+YAML
+docker-registry serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
+started_pids+=($!)
+for _ in $(seq 1 100); do
+  curl -sf "http://$registry/v2/" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -sf "http://$registry/v2/" >/dev/null || { cat "$work/registry.log" >&2; exit 1; }
+lap daemons
+
+# 3. The wheelhouse: two small pure-Python packages at pinned versions, hashed here.
+wheels="$state/wheelhouse"
+if [ ! -f "$wheels/.complete" ]; then
+  log "downloading the wheelhouse"
+  rm -rf "$wheels"
+  python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
+    six==1.16.0 packaging==24.1 -d "$wheels"
+  touch "$wheels/.complete"
+fi
+: >"$work/requirements.txt"
+for w in "$wheels"/*.whl; do
+  base=$(basename "$w")
+  echo "$(echo "$base" | cut -d- -f1)==$(echo "$base" | cut -d- -f2) --hash=sha256:$(sha256sum "$w" | cut -d' ' -f1)" \
+    >>"$work/requirements.txt"
+done
+cat >"$work/python.toml" <<EOF
+name = "$image_name"
+base = "debian:bookworm"
+packages = ["python3-minimal"]
+[python]
+wheelhouse = "$wheels"
+requirements = "$work/requirements.txt"
+EOF
+lap wheelhouse
+
+# 4. Build airlock, then the image (debootstrap cached in $state), twice.
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+cargo build --locked -q -p airlock-cli -p airlock-testkit --bins
+target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+airlock="$target_dir/debug/airlock"
+store="$work/store"
+lap "build airlock"
+log "airlock image build (first)"
+id=$("$airlock" image --store "$store" build "$work/python.toml" --cache "$state" -o "$work/python.tar")
+lap "image build"
+log "airlock image build (again, same inputs)"
+id2=$("$airlock" image --store "$store" build "$work/python.toml" --cache "$state")
+lap "image rebuild"
+if [ "$id" != "$id2" ]; then
+  echo "the rebuild gave $id2, the first build $id: not deterministic" >&2
+  exit 1
+fi
+log "image $image_name@$id (rebuilt with the same digest)"
+
+# 5. Into Docker (same id there), the registry (pushed with skopeo, pulled by digest).
+loaded=$("$airlock" image --store "$store" load "$image_name" --backend docker)
+[ "$loaded" = "$id" ] || { echo "docker has $loaded, the store $id" >&2; exit 1; }
+[ "$(docker image inspect "$image_name" --format '{{.Id}}')" = "$id" ]
+skopeo copy --quiet --dest-tls-verify=false "oci-archive:$work/python.tar" "docker://$registry/airlock-oci-test/python:ci"
+manifest=$("$airlock" image --store "$store" inspect "$id" | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifest"])')
+pulled=$("$airlock" image --store "$work/pulled" pull --plain-http "$registry/airlock-oci-test/python@$manifest")
+[ "$pulled" = "$id" ] || { echo "pulled $pulled, pushed $id" >&2; exit 1; }
+log "pulled $registry/airlock-oci-test/python@$manifest as $pulled"
+lap "load, push, pull"
+
+# 6. The tests.
+export AIRLOCK_REQUIRE_ALL=1
+export AIRLOCK_TEST_OCI_STORE="$store" AIRLOCK_TEST_OCI_IMAGE="$image_name@$id"
+export AIRLOCK_TEST_OCI_BACKENDS=native,docker,gvisor
+export AIRLOCK_TEST_REGISTRY="$registry" AIRLOCK_TEST_REGISTRY_STORAGE="$work/registry"
+export AIRLOCK_DOCKER_SOCKET="$docker_sock"
+status=0
+log "airlock-oci tests"
+cargo nextest run --locked -p airlock-oci --no-fail-fast || status=1
+lap "airlock-oci tests"
+export AIRLOCK_TEST_IMAGE="$image_name@$id"
+for backend in docker gvisor; do
+  log "conformance suite on $backend with $AIRLOCK_TEST_IMAGE"
+  b0=$(date +%s)
+  cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" --no-fail-fast \
+    --test-threads "${AIRLOCK_CONFORMANCE_THREADS:-4}" || status=1
+  timings+=("suite $backend: $(( $(date +%s) - b0 )) s")
+done
+step_start=$(date +%s)
+
+log "timings (total $(( $(date +%s) - t0 )) s):"
+printf '    %s\n' "${timings[@]}" >&2
+if [ "$status" != 0 ]; then
+  log "images FAILED"
+  exit 1
+fi
+log "images passed: $image_name@$id on native, docker and gvisor; pull by digest from $registry"
