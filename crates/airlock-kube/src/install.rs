@@ -355,7 +355,8 @@ where
     let name = object.meta().name.clone().unwrap_or_default();
     let what = format!("{} {name}", K::kind(&()));
     let params = kube::api::PatchParams::apply(FIELD_MANAGER).force();
-    crate::backend::retry_throttled(|| api.patch(&name, &params, &kube::api::Patch::Apply(object)))
+    let patch = kube::api::Patch::Apply(object);
+    crate::backend::retry_throttled(|| api.patch(&name, &params, &patch))
         .await
         .map_err(|source| crate::KubeError::Api {
             operation: "apply",
