@@ -112,7 +112,7 @@ pub fn select_platform(index_bytes: &[u8], what: &str) -> Result<(Digest, u64, S
             offered.push(format!("{os}/{a}"));
             if os == "linux" && a == arch {
                 return Ok((
-                    Digest::parse(&m.digest().to_string())?,
+                    Digest::parse(m.digest().as_ref())?,
                     m.size(),
                     m.media_type().to_string(),
                 ));
@@ -132,11 +132,11 @@ pub fn select_platform(index_bytes: &[u8], what: &str) -> Result<(Digest, u64, S
     })
 }
 
-/// Parses a manifest: the config descriptor and the layer descriptors.
-pub fn parse_manifest(
-    bytes: &[u8],
-    what: &str,
-) -> Result<(Digest, u64, Vec<(Digest, u64, String)>), OciError> {
+/// A blob as a manifest lists it: digest, size, media type.
+pub type BlobRef = (Digest, u64, String);
+
+/// Parses a manifest: the config's digest and size, and the layers.
+pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<(Digest, u64, Vec<BlobRef>), OciError> {
     let manifest: ImageManifest =
         serde_json::from_slice(bytes).map_err(|source| OciError::ParseJson {
             what: what.to_owned(),
@@ -161,14 +161,14 @@ pub fn parse_manifest(
         .iter()
         .map(|l| {
             Ok((
-                Digest::parse(&l.digest().to_string())?,
+                Digest::parse(l.digest().as_ref())?,
                 l.size(),
                 l.media_type().to_string(),
             ))
         })
         .collect::<Result<Vec<_>, OciError>>()?;
     Ok((
-        Digest::parse(&config.digest().to_string())?,
+        Digest::parse(config.digest().as_ref())?,
         config.size(),
         layers,
     ))

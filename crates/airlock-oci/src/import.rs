@@ -159,7 +159,7 @@ fn import_oci_layout(
         };
         if matches {
             candidates.push((
-                Digest::parse(&m.digest().to_string())?,
+                Digest::parse(m.digest().as_ref())?,
                 m.size(),
                 m.media_type().to_string(),
                 full.or(tag),
@@ -171,7 +171,7 @@ fn import_oci_layout(
     if candidates.is_empty() && name.is_some() && index.manifests().len() == 1 {
         let m = &index.manifests()[0];
         candidates.push((
-            Digest::parse(&m.digest().to_string())?,
+            Digest::parse(m.digest().as_ref())?,
             m.size(),
             m.media_type().to_string(),
             None,
