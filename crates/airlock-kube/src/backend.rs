@@ -91,10 +91,22 @@ pub async fn load_config(kube: &KubePolicy) -> Result<Config, KubeError> {
     Config::infer().await.map_err(|e| load(Box::new(e)))
 }
 
+/// Chooses ring as the process's TLS crypto provider, once (kube-rs is built with ring;
+/// when another crate of the binary brings aws-lc-rs too, rustls will not pick one itself
+/// and building a client would panic). A provider installed earlier is kept.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A client for `config` (see [`install_crypto_provider`]).
+pub fn client_for(config: Config) -> Result<Client, KubeError> {
+    install_crypto_provider();
+    Client::try_from(config).map_err(KubeError::BuildClient)
+}
+
 /// A client for the cluster the policy names (see [`load_config`]).
 pub async fn connect(kube: &KubePolicy) -> Result<Client, KubeError> {
-    let config = load_config(kube).await?;
-    Client::try_from(config).map_err(KubeError::BuildClient)
+    client_for(load_config(kube).await?)
 }
 
 /// The controls a Pod gives only in a weaker form under `kube`, each with why.
@@ -220,7 +232,7 @@ impl KubeBackend {
                     None => {
                         let config = load_config(&self.kube).await?;
                         let _ = self.config.set(Some(config.clone()));
-                        Client::try_from(config).map_err(KubeError::BuildClient)?
+                        client_for(config)?
                     }
                 };
                 if self.janitor {
@@ -887,9 +899,7 @@ impl Drop for PodGuard {
                     .and_then(|runtime| {
                         runtime.block_on(async {
                             let client = match config {
-                                Some(config) => {
-                                    Client::try_from(config).map_err(|e| e.to_string())?
-                                }
+                                Some(config) => client_for(config).map_err(|e| e.to_string())?,
                                 None => client,
                             };
                             let api: Api<Pod> = Api::namespaced(client, &namespace);

@@ -1,4 +1,6 @@
 mod common;
+mod e2e;
+mod fake;
 mod golden;
 mod objects;
 mod protocol;

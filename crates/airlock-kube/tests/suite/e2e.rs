@@ -1,0 +1,312 @@
+//! End to end through a fake cluster (`fake/`): the kube backend creates real Pods on a
+//! fake API server, whose test kubelet runs each as a real container on this machine's
+//! Docker daemon. Needs root, a Docker daemon and `$AIRLOCK_TEST_IMAGE` (REF@sha256:…, the
+//! image `scripts/ci/docker.sh` builds); skipped with the reason otherwise (a failure under
+//! `AIRLOCK_REQUIRE_ALL=1`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use airlock_core::policy::KubeLogStreams;
+use airlock_core::{
+    InputFile, JobRequest, JobSpec, LimitsRequest, Outcome, Policy, RunReport, Termination,
+};
+use airlock_kube::KubeBackend;
+use bollard::query_parameters::ListContainersOptions;
+use pretty_assertions::assert_eq;
+
+use super::common::policy;
+use super::fake::FakeCluster;
+use super::fake::kubelet::LABEL_FAKE;
+
+fn socket() -> PathBuf {
+    std::env::var_os("AIRLOCK_DOCKER_SOCKET")
+        .map_or_else(|| PathBuf::from("/var/run/docker.sock"), PathBuf::from)
+}
+
+fn missing() -> Option<String> {
+    if !airlock_testkit::require::is_root() {
+        return Some("the fake kubelet writes volumes under /run and needs root".into());
+    }
+    if std::env::var("AIRLOCK_TEST_IMAGE").map_or(true, |v| v.is_empty()) {
+        return Some("AIRLOCK_TEST_IMAGE is not set (scripts/ci/docker.sh builds one)".into());
+    }
+    if !socket().exists() {
+        return Some(format!("no Docker daemon at {}", socket().display()));
+    }
+    None
+}
+
+struct Env {
+    cluster: FakeCluster,
+    policy: Policy,
+}
+
+impl Env {
+    async fn new(streams: KubeLogStreams) -> Self {
+        let mut policy = policy();
+        policy.kube.image = std::env::var("AIRLOCK_TEST_IMAGE").unwrap();
+        policy.kube.log_streams = streams;
+        let cluster = FakeCluster::start(&socket()).await;
+        Self { cluster, policy }
+    }
+
+    fn backend(&self) -> KubeBackend {
+        KubeBackend::with_client(&self.policy, self.cluster.client())
+    }
+
+    fn job(&self, request: JobRequest) -> JobSpec {
+        request.resolve(&self.policy).unwrap()
+    }
+
+    async fn run(&self, request: JobRequest) -> (JobSpec, RunReport) {
+        let job = self.job(request);
+        let report = self.backend().run_job(&job, None).await.unwrap();
+        (job, report)
+    }
+
+    /// Nothing of `job` is left: no Pod in the API, no container, two writes.
+    async fn assert_gone(&self, job: &JobSpec) {
+        let name = format!("airlock-{}", job.id);
+        assert!(
+            !self.cluster.state.pod_names().contains(&name),
+            "pod {name} left behind"
+        );
+        assert_eq!(
+            containers(&job.id.to_string()).await,
+            Vec::<String>::new(),
+            "container left behind"
+        );
+        let writes: Vec<String> = self
+            .cluster
+            .state
+            .writes()
+            .into_iter()
+            .filter(|w| w.ends_with(&name))
+            .collect();
+        assert_eq!(
+            writes,
+            vec![format!("POST {name}"), format!("DELETE {name}")]
+        );
+    }
+}
+
+fn source(language: &str, code: &str) -> JobRequest {
+    JobRequest {
+        language: language.into(),
+        source: code.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+async fn containers(job: &str) -> Vec<String> {
+    let docker = airlock_docker::cleanup::connect(&socket()).unwrap();
+    let filters = HashMap::from([(
+        "label".to_owned(),
+        vec![format!("{LABEL_FAKE}=true"), format!("airlock.job={job}")],
+    )]);
+    docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+fn text(report: &RunReport) -> (String, String) {
+    let render = |c: &airlock_core::capture::CapturedOutput| c.render_redacted(&|t| (t, 0)).0;
+    (render(&report.stdout), render(&report.stderr))
+}
+
+macro_rules! need_cluster {
+    () => {
+        let missing = missing();
+        airlock_testkit::require!(missing.is_none(), missing.unwrap_or_default());
+    };
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hello_job_prints_45_with_two_writes() {
+    need_cluster!();
+    let env = Env::new(KubeLogStreams::Merged).await;
+    let (job, report) = env.run(source("python", "print(sum(range(10)))")).await;
+    assert_eq!(report.termination, Termination::Exited(0), "{report:?}");
+    assert_eq!(text(&report).0, "45\n");
+    assert_eq!(
+        report.image_digest.as_deref(),
+        env.policy.kube.image.rsplit_once('@').map(|(_, d)| d)
+    );
+    assert!(
+        report.degraded.iter().any(|d| d.starts_with("merged_logs")),
+        "{:?}",
+        report.degraded
+    );
+    env.assert_gone(&job).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn split_streams_stdin_args_and_files_come_back() {
+    need_cluster!();
+    let env = Env::new(KubeLogStreams::Split).await;
+    let mut request = source(
+        "python",
+        "import sys\nprint(open('/work/in/data.csv').read().splitlines()[1])\nprint(sys.stdin.read().strip())\nprint(sys.argv[1:])\nprint('oops', file=sys.stderr)\nsys.exit(3)",
+    );
+    request.files = vec![InputFile {
+        path: "in/data.csv".into(),
+        content: b"a,b\n1,2\n".to_vec(),
+        executable: false,
+    }];
+    request.stdin = Some(b"from stdin\n".to_vec());
+    request.args = vec!["x".into(), "y z".into()];
+    let (job, report) = env.run(request).await;
+    assert_eq!(
+        text(&report),
+        (
+            "1,2\nfrom stdin\n['x', 'y z']\n".to_owned(),
+            "oops\n".to_owned()
+        ),
+        "{report:?}"
+    );
+    assert_eq!(report.termination, Termination::Exited(3));
+    env.assert_gone(&job).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pod_shape_holds_inside_the_container() {
+    need_cluster!();
+    let env = Env::new(KubeLogStreams::Split).await;
+    let script = "id -u; id -g\n\
+                  grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status\n\
+                  touch /rootfs-write 2>/dev/null && echo root-writable || echo root-read-only\n\
+                  touch /work/x 2>/dev/null && echo work-writable || echo work-read-only\n\
+                  echo t > /tmp/t && echo tmp-writable\n\
+                  env | sort\n";
+    let (job, report) = env.run(source("sh", script)).await;
+    let (stdout, stderr) = text(&report);
+    assert_eq!(
+        report.termination,
+        Termination::Exited(0),
+        "{stdout}\n{stderr}"
+    );
+    let expected_env: String = job.env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let expected = format!(
+        "65534\n65534\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nNoNewPrivs:\t1\nroot-read-only\nwork-read-only\ntmp-writable\n{}",
+        // `env` adds PWD when the shell exported it; the job's own environment is the rest.
+        expected_env
+    );
+    let got: String = stdout
+        .lines()
+        .filter(|l| !l.starts_with("PWD="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(got, expected, "stderr: {stderr}");
+    env.assert_gone(&job).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wall_time_kills_a_busy_loop_and_leaves_nothing() {
+    need_cluster!();
+    let env = Env::new(KubeLogStreams::Merged).await;
+    let mut request = source("python", "while True: pass");
+    request.limits = LimitsRequest {
+        timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let (job, report) = env.run(request).await;
+    assert_eq!(report.outcome(), Outcome::Timeout, "{report:?}");
+    assert!(
+        report.duration >= Duration::from_secs(1) && report.duration < Duration::from_millis(1500),
+        "{:?}",
+        report.duration
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        started.elapsed()
+    );
+    env.assert_gone(&job).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allocating_a_gigabyte_ends_as_oom() {
+    need_cluster!();
+    let env = Env::new(KubeLogStreams::Merged).await;
+    let (job, report) = env
+        .run(source(
+            "python",
+            "b = bytearray(1 << 30)\nprint('allocated')",
+        ))
+        .await;
+    assert_eq!(report.outcome(), Outcome::Oom, "{report:?}");
+    assert_eq!(text(&report).0, "");
+    env.assert_gone(&job).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_flood_is_killed_as_output_limit() {
+    need_cluster!();
+    let env = Env::new(KubeLogStreams::Merged).await;
+    let (job, report) = env
+        .run(source(
+            "python",
+            "import sys\nwhile True: sys.stdout.write('x' * 65536)",
+        ))
+        .await;
+    assert_eq!(report.outcome(), Outcome::OutputLimit, "{report:?}");
+    assert!(report.stdout.total_bytes >= 64 << 20);
+    assert!(report.stdout.truncated);
+    env.assert_gone(&job).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_job_leaves_no_pod_and_no_container() {
+    need_cluster!();
+    let env = Env::new(KubeLogStreams::Merged).await;
+    let job = env.job(source(
+        "python",
+        "import time\nprint('started', flush=True)\ntime.sleep(1000)",
+    ));
+    let backend = env.backend();
+    let job2 = job.clone();
+    let task = tokio::spawn(async move { backend.run_job(&job2, None).await });
+    let id = job.id.to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while containers(&id).await.is_empty() {
+        assert!(Instant::now() < deadline, "the job never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Dropping the job's future (what the engine does on SIGTERM) deletes the Pod, and
+    // returns once the kubelet has stopped it.
+    task.abort();
+    let _ = task.await;
+    assert_eq!(
+        containers(&id).await,
+        Vec::<String>::new(),
+        "container left behind"
+    );
+    assert!(
+        env.cluster.state.pod_names().is_empty(),
+        "{:?}",
+        env.cluster.state.pod_names()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_missing_on_the_node_fails_as_a_start_error() {
+    need_cluster!();
+    let mut env = Env::new(KubeLogStreams::Merged).await;
+    env.policy.kube.image = format!("airlock-kube-absent:1@sha256:{}", "e".repeat(64));
+    let job = env.job(source("python", "1"));
+    let err = env.backend().run_job(&job, None).await.unwrap_err();
+    assert!(err.to_string().contains("ErrImagePull"), "{err}");
+    assert!(env.cluster.state.pod_names().is_empty());
+}

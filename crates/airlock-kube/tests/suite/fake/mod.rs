@@ -1,0 +1,71 @@
+//! A small fake Kubernetes cluster for end-to-end tests, on 127.0.0.1: an API server with
+//! enough of the Pod API for the kube backend (create, get, list, watch, delete, log with
+//! follow, `limitBytes` and `stream`), and a test "kubelet" that runs each Pod as a real
+//! container on this machine's Docker daemon, mapping the Pod's fields to the container
+//! (read-only root, uid/gid, capabilities, no-new-privileges, memory, CPU, a node-wide
+//! pids limit like the kubelet's `podPidsLimit`, memory-backed emptyDirs as tmpfs without
+//! `noexec`, downward API files as read-only binds), writing the status back and serving
+//! the logs.
+//!
+//! What it does not model: scheduling, image pulls (the image must be in the local store),
+//! Pod networking (containers get no network at all, where a real Pod has an interface
+//! whose egress the namespace's NetworkPolicy denies), admission (Pod Security is checked
+//! by the unit tests), graceful termination (deletion kills with SIGKILL at once).
+
+pub mod apiserver;
+pub mod kubelet;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use apiserver::State;
+
+/// A running fake cluster; stops when dropped.
+pub struct FakeCluster {
+    pub addr: SocketAddr,
+    pub state: Arc<State>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl FakeCluster {
+    /// Starts the API server and the kubelet (talking to the Docker daemon at `socket`).
+    pub async fn start(socket: &Path) -> Self {
+        let state = State::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(apiserver::serve(listener, state.clone()));
+        // Subscribed before any Pod can be created, so none is missed.
+        let events = state.events.subscribe();
+        let kubelet = tokio::spawn(kubelet::run(state.clone(), socket.to_owned(), events));
+        Self {
+            addr,
+            state,
+            tasks: vec![server, kubelet],
+        }
+    }
+
+    /// A client of the fake API server.
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(format!("http://{}", self.addr).parse().unwrap());
+        airlock_kube::backend::client_for(config).unwrap()
+    }
+
+    /// A kubeconfig file naming the fake API server (for the `airlock` binary).
+    #[allow(dead_code)]
+    pub fn write_kubeconfig(&self, path: &Path) {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\nusers:\n- name: airlock\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: airlock\ncurrent-context: fake\n",
+            self.addr
+        );
+        std::fs::write(path, text).unwrap();
+    }
+}
+
+impl Drop for FakeCluster {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
