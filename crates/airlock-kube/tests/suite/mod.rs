@@ -1,3 +1,4 @@
+mod cluster;
 mod common;
 mod e2e;
 mod fake;

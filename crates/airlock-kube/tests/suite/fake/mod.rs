@@ -52,7 +52,6 @@ impl FakeCluster {
     }
 
     /// A kubeconfig file naming the fake API server (for the `airlock` binary).
-    #[allow(dead_code)]
     pub fn write_kubeconfig(&self, path: &Path) {
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\nusers:\n- name: airlock\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: airlock\ncurrent-context: fake\n",
