@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The Kubernetes backend's checks that need more than `cargo nextest run --workspace`:
+#   1. the golden manifests (deploy/) validated by kubernetes-validate --strict against the
+#      oldest supported Kubernetes (1.33), from a venv cached in AIRLOCK_CI_CACHE;
+#   2. airlock-engine and airlock-cli built and linted with the `kube` feature;
+#   3. the end-to-end tests through the fake cluster (a fake API server and a test kubelet
+#      running each Pod as a real container on the local Docker daemon), the `airlock`
+#      binary included: run it after scripts/ci/docker.sh, which starts dockerd and builds
+#      the test image (AIRLOCK_TEST_IMAGE is derived from it when unset);
+#   4. the real-cluster suite, when KUBECONFIG is set (docs/kube.md).
+# As root (the fake kubelet writes Pod volumes under /run). Every test runs with
+# AIRLOCK_REQUIRE_ALL=1: a missing requirement fails, it is never counted as passed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+cache="${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}"
+mkdir -p "$cache"
+t0=$(date +%s)
+step_start=$t0
+declare -a timings=()
+log() { printf '==> %s\n' "$*" >&2; }
+lap() { local now; now=$(date +%s); timings+=("$1: $((now - step_start)) s"); step_start=$now; }
+export AIRLOCK_REQUIRE_ALL=1
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/ci/kube.sh: run as root (the fake kubelet writes Pod volumes under /run)" >&2
+  exit 1
+fi
+
+# 1. Golden manifests, strictly, for the oldest supported version.
+kube_version=1.33.0
+validate_version=1.37.0
+venv="$cache/kube-validate-venv-$validate_version"
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+  log "installing kubernetes-validate $validate_version into $venv"
+  rm -rf "$venv.tmp"
+  python3 -m venv "$venv.tmp"
+  "$venv.tmp/bin/pip" install -q "kubernetes-validate==$validate_version"
+  mv "$venv.tmp" "$venv"
+fi
+log "kubernetes-validate --strict -k $kube_version deploy/"
+"$venv/bin/kubernetes-validate" --strict --quiet -k "$kube_version" \
+  deploy/namespace/airlock-jobs.yaml deploy/examples/job-pod.yaml \
+  deploy/serve/namespace.yaml deploy/serve/serviceaccount.yaml deploy/serve/deployment.yaml \
+  deploy/serve/service.yaml deploy/serve/networkpolicy.yaml
+lap validate
+
+# 2. The feature-gated code: built and linted with the feature on.
+log "cargo clippy -p airlock-engine -p airlock-cli --features kube"
+cargo clippy --locked --no-deps -p airlock-kube -p airlock-engine -p airlock-cli \
+  --features airlock-engine/kube,airlock-cli/kube --all-targets -- -D warnings
+cargo build --locked -p airlock-cli --features kube
+target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+export AIRLOCK_KUBE_BIN="$target_dir/debug/airlock"
+"$AIRLOCK_KUBE_BIN" kube install --print | diff -u <(grep -v '^#' deploy/namespace/airlock-jobs.yaml) - \
+  || { echo "airlock kube install --print differs from deploy/namespace/airlock-jobs.yaml" >&2; exit 1; }
+lap "build with the kube feature"
+
+# 3. End to end through the fake cluster on the local Docker daemon.
+socket="${AIRLOCK_DOCKER_SOCKET:-/var/run/docker.sock}"
+if ! curl -sf --unix-socket "$socket" http://localhost/_ping >/dev/null 2>&1; then
+  echo "scripts/ci/kube.sh: no Docker daemon at $socket: run scripts/ci/docker.sh first" >&2
+  exit 1
+fi
+if [ -z "${AIRLOCK_TEST_IMAGE:-}" ]; then
+  id=$(DOCKER_HOST="unix://$socket" docker image inspect airlock-test:bookworm --format '{{.Id}}' 2>/dev/null || true)
+  if [ -z "$id" ]; then
+    echo "scripts/ci/kube.sh: no image airlock-test:bookworm: run scripts/ci/docker.sh first" >&2
+    exit 1
+  fi
+  export AIRLOCK_TEST_IMAGE="airlock-test:bookworm@$id"
+fi
+log "end to end through the fake cluster ($AIRLOCK_TEST_IMAGE)"
+cargo nextest run --locked -p airlock-kube --run-ignored only --no-fail-fast -E 'test(/::e2e::/)'
+left=$(DOCKER_HOST="unix://$socket" docker ps -aq --filter label=airlock.kube-fake=true)
+if [ -n "$left" ]; then
+  echo "containers of the fake kubelet left behind: $left" >&2
+  exit 1
+fi
+lap "fake cluster"
+
+# 4. A real cluster, when one is configured.
+if [ -n "${KUBECONFIG:-}" ]; then
+  log "real-cluster suite (KUBECONFIG=$KUBECONFIG)"
+  cargo nextest run --locked -p airlock-kube --run-ignored only --no-fail-fast -E 'test(/::cluster::/)'
+  lap "real cluster"
+else
+  log "real-cluster suite: not run (KUBECONFIG is unset; docs/kube.md says how to run it)"
+fi
+
+log "kube checks passed in $(( $(date +%s) - t0 )) s: ${timings[*]}"
