@@ -32,12 +32,13 @@ fi
 kube_version=1.33.0
 validate_version=1.37.0
 venv="$cache/kube-validate-venv-$validate_version"
-if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+if [ ! -f "$venv/.airlock-complete" ]; then
+  # Built in place (a venv's scripts name its own path) and marked complete last.
   log "installing kubernetes-validate $validate_version into $venv"
-  rm -rf "$venv.tmp"
-  python3 -m venv "$venv.tmp"
-  "$venv.tmp/bin/pip" install -q "kubernetes-validate==$validate_version"
-  mv "$venv.tmp" "$venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "kubernetes-validate==$validate_version"
+  touch "$venv/.airlock-complete"
 fi
 log "kubernetes-validate --strict -k $kube_version deploy/"
 "$venv/bin/kubernetes-validate" --strict --quiet -k "$kube_version" \
