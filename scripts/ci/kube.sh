@@ -72,6 +72,13 @@ if [ -z "${AIRLOCK_TEST_IMAGE:-}" ]; then
   fi
   export AIRLOCK_TEST_IMAGE="airlock-test:bookworm@$id"
 fi
+# Containers of an earlier, interrupted run of these tests (only the fake kubelet uses the
+# label) would fail the leak check below: remove them first, and say so.
+stale=$(DOCKER_HOST="unix://$socket" docker ps -aq --filter label=airlock.kube-fake=true)
+if [ -n "$stale" ]; then
+  log "removing $(echo "$stale" | wc -l) container(s) an earlier run of the fake kubelet left"
+  DOCKER_HOST="unix://$socket" docker rm -f $stale >/dev/null
+fi
 log "end to end through the fake cluster ($AIRLOCK_TEST_IMAGE)"
 cargo nextest run --locked -p airlock-kube --run-ignored only --no-fail-fast -E 'test(/::e2e::/)'
 left=$(DOCKER_HOST="unix://$socket" docker ps -aq --filter label=airlock.kube-fake=true)
