@@ -6,9 +6,9 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod image;
 #[cfg(feature = "kube")]
 mod kube;
-mod image;
 mod mcp;
 mod run;
 mod serve;

@@ -75,7 +75,7 @@ pub fn mcp(args: McpArgs) -> ExitCode {
         }
         let engine = Arc::new(Engine::new(loaded.policy, kind, backend, audit));
         let (interrupt_tx, interrupt_rx) = tokio::sync::watch::channel(None);
-        let executor = Arc::new(EngineExecutor::new(engine, max_in_flight, interrupt_rx));
+        let executor = Arc::new(EngineExecutor::new(engine.clone(), max_in_flight, interrupt_rx));
         let signals = async {
             use tokio::signal::unix::{SignalKind, signal};
             match (
@@ -98,6 +98,7 @@ pub fn mcp(args: McpArgs) -> ExitCode {
         if tokio::time::timeout(STOP_WAIT, executor.wait_idle()).await.is_err() {
             tracing::error!("jobs still running after they were interrupted; exiting anyway");
         }
+        engine.shutdown().await;
         served
     });
     match result {

@@ -128,4 +128,34 @@ pub trait Backend: Send + Sync {
         job: &'a JobSpec,
         tap: Option<OutputTap>,
     ) -> BoxFuture<'a, Result<RunReport, BackendError>>;
+
+    /// Releases what the backend holds between jobs (sandboxes started ahead of time),
+    /// before a server exits. Nothing by default.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    /// The warm pool's figures, when the backend keeps sandboxes started ahead of jobs.
+    fn warm_pool(&self) -> Option<WarmPoolStats> {
+        None
+    }
+}
+
+/// Figures of a pool of sandboxes started ahead of their jobs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WarmPoolStats {
+    /// Sandboxes ready now.
+    pub ready: u64,
+    /// Jobs that ran in a warm sandbox.
+    pub hits: u64,
+    /// Jobs the pool fits that found no warm sandbox ready (they started one of their own).
+    pub misses: u64,
+    /// Jobs the pool does not fit (other language, limits, environment, network, `/out`).
+    pub unfit: u64,
+    /// Warm sandboxes started.
+    pub started: u64,
+    /// Warm sandboxes that failed to start.
+    pub failed: u64,
+    /// Warm sandboxes found dead while waiting, and discarded.
+    pub discarded: u64,
 }

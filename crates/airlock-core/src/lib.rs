@@ -16,6 +16,7 @@ pub mod units;
 
 pub use backend::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, StreamKind,
+    WarmPoolStats,
 };
 pub use error::{Error, ErrorKind};
 pub use job::{InputFile, JobId, JobRequest, JobSpec, LimitsRequest, NetworkRequest};

@@ -296,6 +296,36 @@ impl Policy {
                 ),
             ));
         }
+        if self.native.warm_pool > NativePolicy::WARM_POOL_MAX {
+            return Err(bad(
+                "native.warm_pool",
+                format!("must be at most {}", NativePolicy::WARM_POOL_MAX),
+            ));
+        }
+        if self.native.warm_pool > 0 {
+            let language = self.languages.get(&self.native.warm_language);
+            let python = language.is_some_and(|l| {
+                let program = l.command[0].rsplit('/').next().unwrap_or_default();
+                program.starts_with("python")
+                    && l.command.last().map(String::as_str) == Some(LanguageSpec::FILE_PLACEHOLDER)
+                    && l.command
+                        .iter()
+                        .filter(|a| a.contains(LanguageSpec::FILE_PLACEHOLDER))
+                        .count()
+                        == 1
+            });
+            if !python {
+                return Err(bad(
+                    "native.warm_language",
+                    format!(
+                        "{:?} must be a language whose command is a Python interpreter with \
+                         {} as its last argument (warm sandboxes start Python ahead of the job)",
+                        self.native.warm_language,
+                        LanguageSpec::FILE_PLACEHOLDER
+                    ),
+                ));
+            }
+        }
         self.docker
             .check()
             .map_err(|(field, reason)| bad(&format!("docker.{field}"), reason))?;
@@ -862,6 +892,12 @@ pub struct NativePolicy {
     /// space, process count, CPU time) in place of cgroup limits, for unprivileged use
     /// without a delegated cgroup; observations and audit lines then list what is degraded.
     pub allow_degraded: Vec<DegradedControl>,
+    /// Sandboxes `airlock serve` and `airlock mcp` keep started ahead of time for
+    /// `warm_language` jobs, each fully isolated and used for one job only. 0 (the default)
+    /// starts every sandbox on demand.
+    pub warm_pool: u32,
+    /// The language warm sandboxes are started for; its interpreter must be Python.
+    pub warm_language: String,
 }
 
 /// A control a policy may accept in a weaker form.
@@ -877,6 +913,8 @@ impl NativePolicy {
     pub const MAPPED_IDS: u32 = 65_536;
     /// The lowest allowed base: below it lie real accounts and subuid ranges.
     pub const HOST_UID_BASE_MIN: u32 = 1_000_000;
+    /// The largest warm pool (each warm sandbox holds an interpreter's memory).
+    pub const WARM_POOL_MAX: u32 = 64;
 }
 
 impl Default for NativePolicy {
@@ -885,6 +923,8 @@ impl Default for NativePolicy {
             cgroup_parent: CgroupParent::Auto,
             host_uid_base: 1_879_048_192,
             allow_degraded: Vec::new(),
+            warm_pool: 0,
+            warm_language: "python".to_owned(),
         }
     }
 }
@@ -1441,6 +1481,9 @@ mod tests {
             "[env]\nallow = [\"NOT-A-NAME\"]",
             "[native]\ncgroup_parent = \"/abs\"",
             "[native]\nhost_uid_base = 0",
+            "[native]\nwarm_pool = 65",
+            "[native]\nwarm_pool = 1\nwarm_language = \"node\"",
+            "[native]\nwarm_pool = 1\nwarm_language = \"cobol\"",
             "[docker]\ndocker_socket = \"relative.sock\"",
             "[docker]\npodman_socket = \"\"",
             "[docker]\nruntime = \"\"",

@@ -7,15 +7,43 @@ use airlock_docker::Flavor;
 
 use crate::LoadedPolicy;
 
+/// How a backend is opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Keep the policy's `[native] warm_pool` sandboxes started ahead of jobs (for a
+    /// long-running server; a single `airlock run` would only waste them). Needs a tokio
+    /// runtime.
+    pub warm_pool: bool,
+}
+
 /// Opens the backend `kind` for a policy. An error is a [`BackendError`] (usually
 /// `backend_unavailable`) that jobs then end with.
 pub fn open(kind: BackendKind, loaded: &LoadedPolicy) -> Result<Arc<dyn Backend>, BackendError> {
+    open_with(kind, loaded, OpenOptions::default())
+}
+
+/// Like [`open`], with options.
+pub fn open_with(
+    kind: BackendKind,
+    loaded: &LoadedPolicy,
+    options: OpenOptions,
+) -> Result<Arc<dyn Backend>, BackendError> {
     match kind {
         BackendKind::Native => {
             let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
             let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
             let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
-            Ok(Arc::new(backend))
+            let size = loaded.policy.native.warm_pool;
+            if !options.warm_pool || size == 0 {
+                return Ok(Arc::new(backend));
+            }
+            let template = warm_template(&loaded.policy)?;
+            let pool =
+                airlock_native::PooledNative::start(Arc::new(backend), template, size as usize)
+                    .map_err(BackendError::from)?;
+            tracing::info!(size, language = %loaded.policy.native.warm_language,
+                "keeping warm sandboxes started");
+            Ok(Arc::new(pool))
         }
         BackendKind::Docker => airlock_docker::backend::open(&loaded.policy, Flavor::Docker),
         BackendKind::Podman => airlock_docker::backend::open(&loaded.policy, Flavor::Podman),
@@ -30,4 +58,20 @@ pub fn open(kind: BackendKind, loaded: &LoadedPolicy) -> Result<Arc<dyn Backend>
             ),
         )),
     }
+}
+
+/// The job warm sandboxes are built for: an empty program in the pool's language with
+/// every default of the policy.
+fn warm_template(policy: &airlock_core::Policy) -> Result<airlock_core::JobSpec, BackendError> {
+    airlock_core::JobRequest {
+        language: policy.native.warm_language.clone(),
+        ..Default::default()
+    }
+    .resolve(policy)
+    .map_err(|e| {
+        BackendError::new(
+            airlock_core::ErrorKind::BackendUnavailable,
+            format!("the warm pool's template job is refused by the policy: {e}"),
+        )
+    })
 }

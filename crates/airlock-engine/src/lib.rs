@@ -148,6 +148,18 @@ impl Engine {
         &self.policy
     }
 
+    /// The backend's warm pool figures, when it keeps one.
+    pub fn warm_pool(&self) -> Option<airlock_core::WarmPoolStats> {
+        self.backend.as_ref().ok().and_then(|b| b.warm_pool())
+    }
+
+    /// Releases what the backend holds between jobs (warm sandboxes), before exiting.
+    pub async fn shutdown(&self) {
+        if let Ok(backend) = &self.backend {
+            backend.shutdown().await;
+        }
+    }
+
     /// Runs one job and returns its observation and released files. Never fails: every
     /// failure is an observation with `outcome: "error"`.
     pub async fn run(&self, request: JobRequest) -> JobResult {

@@ -24,7 +24,7 @@ use crate::jobdir::{JobDir, RuntimeDir};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::out::{self, OutCaps};
 use crate::plan::{
-    HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, PROXY_PORT,
+    CONTROL_FD, HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, PROXY_PORT,
     RlimitResource, RlimitSetting, STATUS_FD, SandboxPlan,
 };
 
@@ -234,7 +234,7 @@ impl NativeBackend {
         )
     }
 
-    fn plan(
+    pub(crate) fn plan(
         &self,
         job: &JobSpec,
         jobdir: &JobDir,
@@ -321,6 +321,7 @@ impl NativeBackend {
             seccomp: self.seccomp.clone(),
             send_out_dir: job.filesystem.out.enabled,
             proxy_port: (job.network == NetworkMode::Proxy).then_some(PROXY_PORT),
+            control_fd: false,
         })
     }
 
@@ -336,40 +337,54 @@ impl NativeBackend {
         tap: Option<OutputTap>,
     ) -> Result<RunReport, NativeError> {
         self.check_supported(job)?;
-        // The proxy's configuration is checked before anything is created: a secret whose
-        // value is missing on the host refuses the job.
-        let proxy_config = match job.network {
-            NetworkMode::Proxy => Some(Arc::new(
-                airlock_proxy::ProxyConfig::from_policy(
-                    &job.network_policy,
-                    &job.network_allow,
-                    |name| std::env::var(name).ok(),
-                )
-                .map_err(|e| NativeError::Unsupported {
-                    control: "egress proxy",
-                    reason: e.to_string(),
-                })?,
-            )),
-            NetworkMode::None => None,
-        };
+        let proxy_config = proxy_config(job)?;
         tracing::debug!(job_id = %job.id, "creating sandbox");
         let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
+        let cgroup = self.create_cgroup(job.id.as_str(), job)?;
+        let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
+        tracing::debug!(job_id = %job.id, "plan ready");
+        let supervised = match self
+            .launch(job.id.as_str(), &plan, job.stdin.is_some())
+            .await
+        {
+            Ok(launched) => self.finish(job, launched, tap, proxy_config, None).await,
+            Err(e) => Err(e),
+        };
+        tracing::debug!(job_id = %job.id, "job over; tearing down");
+        self.conclude(job, supervised, cgroup, jobdir, Duration::ZERO)
+            .await
+    }
+
+    /// The job's cgroup (named `name`), or `None` in the degraded shape.
+    pub(crate) fn create_cgroup(
+        &self,
+        name: &str,
+        job: &JobSpec,
+    ) -> Result<Option<JobCgroup>, NativeError> {
         let limits = JobLimits {
             memory_bytes: job.limits.memory.as_u64(),
             cpu_millis: job.limits.cpus.millis(),
             pids_max: job.limits.pids + INIT_PROCESSES,
         };
-        let cgroup = match &self.cgroups {
-            Some(manager) => Some(manager.create_job(job.id.as_str(), &limits)?),
+        Ok(match &self.cgroups {
+            Some(manager) => Some(manager.create_job(name, &limits)?),
             None => None,
-        };
-        let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
-        tracing::debug!(job_id = %job.id, "plan ready");
-        let supervised = self.supervise(job, &plan, tap, proxy_config).await;
-        tracing::debug!(job_id = %job.id, "job over; tearing down");
+        })
+    }
 
-        // Teardown, whatever happened: kill what is left, read the accounting, remove the
-        // cgroup and the job directory. Blocking work, off the async threads.
+    /// Tears the sandbox down, whatever happened (kills what is left, reads the
+    /// accounting, removes the cgroup and the job directory), releases `/out`, and builds
+    /// the report. `cpu_before` is CPU time the group had used before the job was
+    /// delivered (a warm sandbox's start), left out of the job's figure.
+    pub(crate) async fn conclude(
+        &self,
+        job: &JobSpec,
+        supervised: Result<Supervised, NativeError>,
+        cgroup: Option<JobCgroup>,
+        jobdir: JobDir,
+        cpu_before: Duration,
+    ) -> Result<RunReport, NativeError> {
+        // Blocking work, off the async threads.
         let teardown = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
         tracing::debug!(job_id = %job.id, "torn down");
         let stats = match teardown {
@@ -392,10 +407,16 @@ impl NativeBackend {
             None => out::Released::default(),
         };
         let (cpu_time, peak_memory_bytes, oom_kills) = match stats {
-            Some(stats) => (stats.cpu_time, stats.peak_memory_bytes, stats.oom_kills),
+            Some(stats) => (
+                stats.cpu_time.map(|t| t.saturating_sub(cpu_before)),
+                stats.peak_memory_bytes,
+                stats.oom_kills,
+            ),
             // Without a cgroup, the init's view of the processes it reaped.
             None => (
-                supervised.usage.map(|u| Duration::from_millis(u.cpu_ms)),
+                supervised
+                    .usage
+                    .map(|u| Duration::from_millis(u.cpu_ms).saturating_sub(cpu_before)),
                 supervised.usage.map(|u| u.max_rss_bytes),
                 0,
             ),
@@ -422,16 +443,22 @@ impl NativeBackend {
         })
     }
 
-    async fn supervise(
+    /// Starts the helper with `plan` and waits until the program has started (phase 1:
+    /// sandbox construction, up to the program's exec). `label` names the sandbox in logs.
+    pub(crate) async fn launch(
         &self,
-        job: &JobSpec,
+        label: &str,
         plan: &SandboxPlan,
-        tap: Option<OutputTap>,
-        proxy_config: Option<Arc<airlock_proxy::ProxyConfig>>,
-    ) -> Result<Supervised, NativeError> {
+        stdin_piped: bool,
+    ) -> Result<Launched, NativeError> {
         let spawned_at = Instant::now();
         let (plan_read, plan_write) = cloexec_pipe()?;
         let (status_read, status_write) = cloexec_pipe()?;
+        let control = if plan.control_fd {
+            Some(cloexec_pipe()?)
+        } else {
+            None
+        };
         let handoff = if plan.handoff_count() > 0 {
             Some(
                 rustix::net::socketpair(
@@ -449,7 +476,7 @@ impl NativeBackend {
         cmd.arg(INIT_ARG)
             .env_clear()
             .current_dir("/")
-            .stdin(if job.stdin.is_some() {
+            .stdin(if stdin_piped {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -459,6 +486,9 @@ impl NativeBackend {
         let mut fds = vec![(&plan_read, PLAN_FD), (&status_write, STATUS_FD)];
         if let Some((_, child_end)) = &handoff {
             fds.push((child_end, HANDOFF_FD));
+        }
+        if let Some((control_read, _)) = &control {
+            fds.push((control_read, CONTROL_FD));
         }
         let passed = airlock_sys::process::pass_fds(&mut cmd, &fds)
             .map_err(|e| NativeError::Helper(format!("pass descriptors: {e}")))?;
@@ -471,7 +501,8 @@ impl NativeBackend {
         drop(passed);
         drop(plan_read);
         drop(status_write);
-        tracing::debug!(job_id = %job.id, "helper spawned");
+        let control = control.map(|(_theirs, ours)| ours);
+        tracing::debug!(sandbox = %label, "helper spawned");
         let handoff = handoff.map(|(ours, _theirs)| ours);
 
         let plan_json = serde_json::to_vec(plan)
@@ -482,14 +513,7 @@ impl NativeBackend {
             // EPIPE means the helper died early; its exit is handled below.
             let _ = plan_sender.write_all(&plan_json).await;
         });
-        if let (Some(mut stdin), Some(bytes)) = (child.stdin.take(), job.stdin.clone()) {
-            tokio::spawn(async move {
-                // The job may exit without reading its input.
-                let _ = stdin.write_all(&bytes).await;
-            });
-        }
 
-        let flood = Arc::new(Flood::new(job.limits.flood.as_u64()));
         let stdout = child
             .stdout
             .take()
@@ -498,24 +522,12 @@ impl NativeBackend {
             .stderr
             .take()
             .ok_or_else(|| NativeError::Helper("no stderr pipe".into()))?;
-        let stdout_task = tokio::spawn(capture_stream(
-            stdout,
-            usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX),
-            flood.clone(),
-            tap.clone().map(|t| (t, StreamKind::Stdout)),
-        ));
-        let stderr_task = tokio::spawn(capture_stream(
-            stderr,
-            usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX),
-            flood.clone(),
-            tap.map(|t| (t, StreamKind::Stderr)),
-        ));
+        let stdin = child.stdin.take();
         let status_receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(status_read)
             .map_err(|e| NativeError::Helper(format!("status pipe: {e}")))?;
         let (event_tx, mut events) = mpsc::channel(STATUS_EVENTS_MAX);
         let status_task = tokio::spawn(read_events(status_receiver, event_tx));
 
-        // Phase 1: sandbox construction, up to the program's exec.
         let setup_deadline = tokio::time::sleep(SETUP_TIMEOUT);
         tokio::pin!(setup_deadline);
         let mut final_event = None;
@@ -523,7 +535,7 @@ impl NativeBackend {
             tokio::select! {
                 event = events.recv() => match event {
                     Some(InitEvent::Started) => {
-                        tracing::debug!(job_id = %job.id, "program started");
+                        tracing::debug!(sandbox = %label, "program started");
                         break Some(Instant::now());
                     }
                     Some(failed @ InitEvent::Failed { .. }) => {
@@ -531,7 +543,7 @@ impl NativeBackend {
                         break None;
                     }
                     Some(other) => {
-                        tracing::warn!(job_id = %job.id, ?other, "event before start");
+                        tracing::warn!(sandbox = %label, ?other, "event before start");
                         final_event = Some(other);
                     }
                     None => break None,
@@ -590,6 +602,72 @@ impl NativeBackend {
                 "the sandbox did not hand over /out".into(),
             ));
         }
+        if plan.proxy_port.is_some() && proxy_listener.is_none() {
+            let _ = child.start_kill();
+            return Err(NativeError::Helper(
+                "the sandbox did not hand over the proxy socket".into(),
+            ));
+        }
+        Ok(Launched {
+            child,
+            stdin,
+            stdout,
+            stderr,
+            events,
+            status_task,
+            out_dir,
+            proxy_listener,
+            control,
+            spawned_at,
+            started_at,
+        })
+    }
+
+    /// Phase 2: delivers the job to a launched sandbox (its stdin, and on a warm sandbox
+    /// the `control` message), then runs it against the wall clock and the flood limit.
+    /// The clock starts when the program has started, or for a warm sandbox when the
+    /// control message is sent.
+    pub(crate) async fn finish(
+        &self,
+        job: &JobSpec,
+        launched: Launched,
+        tap: Option<OutputTap>,
+        proxy_config: Option<Arc<airlock_proxy::ProxyConfig>>,
+        control: Option<Vec<u8>>,
+    ) -> Result<Supervised, NativeError> {
+        let Launched {
+            mut child,
+            stdin,
+            stdout,
+            stderr,
+            mut events,
+            status_task,
+            out_dir,
+            proxy_listener,
+            control: control_pipe,
+            spawned_at,
+            started_at,
+        } = launched;
+        if let (Some(mut stdin), Some(bytes)) = (stdin, job.stdin.clone()) {
+            tokio::spawn(async move {
+                // The job may exit without reading its input.
+                let _ = stdin.write_all(&bytes).await;
+            });
+        }
+        let flood = Arc::new(Flood::new(job.limits.flood.as_u64()));
+        let stdout_task = tokio::spawn(capture_stream(
+            stdout,
+            usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX),
+            flood.clone(),
+            tap.clone().map(|t| (t, StreamKind::Stdout)),
+        ));
+        let stderr_task = tokio::spawn(capture_stream(
+            stderr,
+            usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX),
+            flood.clone(),
+            tap.map(|t| (t, StreamKind::Stderr)),
+        ));
+
         // The proxy accepts on the socket bound inside the job's network namespace and
         // dials out from ours: the job has no route anywhere, only this listener.
         let proxy = match (proxy_listener, proxy_config) {
@@ -610,8 +688,28 @@ impl NativeBackend {
             _ => None,
         };
 
-        // Phase 2: the program runs, against the wall clock and the flood limit.
-        let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
+        let (clock_from, setup) = match (control_pipe, control) {
+            (Some(pipe), Some(message)) => {
+                let mut sender = tokio::net::unix::pipe::Sender::from_owned_fd(pipe)
+                    .map_err(|e| NativeError::Helper(format!("control pipe: {e}")))?;
+                tokio::spawn(async move {
+                    // Dropping the sender afterwards is the end-of-file that starts the job.
+                    // EPIPE means the sandbox is gone; its exit is handled below.
+                    let _ = sender.write_all(&message).await;
+                });
+                (Instant::now(), Duration::ZERO)
+            }
+            (None, None) => (started_at, started_at.saturating_duration_since(spawned_at)),
+            _ => {
+                let _ = child.start_kill();
+                return Err(NativeError::Helper(
+                    "a warm sandbox needs its control message, and only a warm sandbox takes one"
+                        .into(),
+                ));
+            }
+        };
+
+        let deadline = tokio::time::Instant::from_std(clock_from + job.limits.timeout);
         let mut limit_hit = None;
         let ended_at = tokio::select! {
             _ = child.wait() => Instant::now(),
@@ -672,13 +770,63 @@ impl NativeBackend {
             limit_hit,
             stdout,
             stderr,
-            duration: ended_at.saturating_duration_since(started_at),
-            setup: started_at.saturating_duration_since(spawned_at),
+            duration: ended_at.saturating_duration_since(clock_from),
+            setup,
         })
     }
 }
 
-struct Supervised {
+/// The egress proxy's configuration for a proxy-mode job, checked before anything is
+/// created: a secret whose value is missing on the host refuses the job.
+pub(crate) fn proxy_config(
+    job: &JobSpec,
+) -> Result<Option<Arc<airlock_proxy::ProxyConfig>>, NativeError> {
+    Ok(match job.network {
+        NetworkMode::Proxy => Some(Arc::new(
+            airlock_proxy::ProxyConfig::from_policy(
+                &job.network_policy,
+                &job.network_allow,
+                |name| std::env::var(name).ok(),
+            )
+            .map_err(|e| NativeError::Unsupported {
+                control: "egress proxy",
+                reason: e.to_string(),
+            })?,
+        )),
+        NetworkMode::None => None,
+    })
+}
+
+/// A sandbox whose program has started: the helper and what the supervisor holds of it.
+pub(crate) struct Launched {
+    child: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
+    stdout: tokio::process::ChildStdout,
+    stderr: tokio::process::ChildStderr,
+    events: mpsc::Receiver<InitEvent>,
+    status_task: tokio::task::JoinHandle<()>,
+    out_dir: Option<std::os::fd::OwnedFd>,
+    proxy_listener: Option<std::os::fd::OwnedFd>,
+    /// A warm sandbox's control pipe (write end).
+    control: Option<std::os::fd::OwnedFd>,
+    spawned_at: Instant,
+    started_at: Instant,
+}
+
+impl Launched {
+    /// Whether the sandbox's helper is still running (a warm sandbox waiting for its job).
+    pub(crate) fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Kills the sandbox (the helper; the init and the job follow it) and waits for it.
+    pub(crate) async fn kill(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(KILL_GRACE, self.child.wait()).await;
+    }
+}
+
+pub(crate) struct Supervised {
     network: Option<airlock_core::observation::NetworkReport>,
     out_dir: Option<std::os::fd::OwnedFd>,
     termination: Termination,
@@ -687,10 +835,13 @@ struct Supervised {
     stdout: CapturedOutput,
     stderr: CapturedOutput,
     duration: Duration,
-    setup: Duration,
+    pub(crate) setup: Duration,
 }
 
-fn teardown(cgroup: Option<JobCgroup>, jobdir: JobDir) -> Result<Option<JobStats>, NativeError> {
+pub(crate) fn teardown(
+    cgroup: Option<JobCgroup>,
+    jobdir: JobDir,
+) -> Result<Option<JobStats>, NativeError> {
     let stats = match cgroup {
         Some(cgroup) => {
             let killed = cgroup.kill_all();

@@ -27,8 +27,8 @@ use airlock_sys::process::{self, Fork, UnshareFlags};
 use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions};
 
 use crate::plan::{
-    HANDOFF_FD, IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep, PLAN_FD,
-    RlimitResource, STATUS_FD, SandboxPlan, Usage,
+    CONTROL_FD, HANDOFF_FD, IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep,
+    PLAN_FD, RlimitResource, STATUS_FD, SandboxPlan, Usage,
 };
 
 /// Largest plan accepted (the seccomp programs and environment dominate).
@@ -713,7 +713,17 @@ fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
         .collect::<Result<_, _>>()
         .map_err(|_| bad_input("env", "a variable contains a NUL byte"))?;
     process::reset_signals().step(|| "reset signals".into())?;
+    // A warm sandbox's program keeps the control pipe; everything else above stdio closes.
+    let control = if plan.control_fd {
+        Some(process::claim_inherited_fd(CONTROL_FD).step(|| "claim control pipe".into())?)
+    } else {
+        None
+    };
     process::set_cloexec_from(3).step(|| "close inherited descriptors".into())?;
+    if let Some(control) = &control {
+        rustix::io::fcntl_setfd(control, rustix::io::FdFlags::empty())
+            .step(|| "keep control pipe".into())?;
+    }
 
     // Last: from here on, only what the filter allows.
     plan.seccomp.install().map_err(|e| StepFailure {

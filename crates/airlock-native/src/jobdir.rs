@@ -140,7 +140,19 @@ impl JobDir {
         job: &JobSpec,
         ids: &IdMapping,
     ) -> Result<Self, NativeError> {
-        let path = runtime.path().join(job.id.as_str());
+        let dir = Self::create_empty(runtime, job.id.as_str(), ids)?;
+        dir.write_job(job, ids)?;
+        Ok(dir)
+    }
+
+    /// Creates the directory `<runtime>/<name>` with an empty `work/` (a warm sandbox's,
+    /// whose job comes later).
+    pub fn create_empty(
+        runtime: &RuntimeDir,
+        name: &str,
+        ids: &IdMapping,
+    ) -> Result<Self, NativeError> {
+        let path = runtime.path().join(name);
         let create_err = |source: io::Error| NativeError::CreateJobDir {
             path: path.clone(),
             source,
@@ -184,7 +196,13 @@ impl JobDir {
                 .create(path.join(sub))
                 .map_err(create_err)?;
         }
-        let work = dir.work();
+        Ok(dir)
+    }
+
+    /// Writes the job's source and input files into `work/` (new files only, never through
+    /// a link), and hands `work/` to the job's uid when the policy makes it writable.
+    pub fn write_job(&self, job: &JobSpec, ids: &IdMapping) -> Result<(), NativeError> {
+        let work = self.work();
         write_new_file(&work.join(&job.source_file), &job.source, false)?;
         for file in &job.files {
             let target = work.join(&file.path);
@@ -208,7 +226,7 @@ impl JobDir {
                 }
             })?;
         }
-        Ok(dir)
+        Ok(())
     }
 
     /// The directory bound at `/work`.

@@ -13,6 +13,8 @@ pub mod jobdir;
 pub mod mount_plan;
 pub mod out;
 pub mod plan;
+pub mod pool;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;
+pub use pool::PooledNative;

@@ -24,6 +24,11 @@ pub const STATUS_FD: i32 = 4;
 /// namespace, so the job reaches the proxy and nothing else).
 pub const HANDOFF_FD: i32 = 5;
 
+/// The descriptor number of a warm sandbox's control pipe: the program (a bootstrap that
+/// started ahead of its job) reads the job's arguments from it once the job is delivered,
+/// and end-of-file starts the job. Only the supervisor holds the write end.
+pub const CONTROL_FD: i32 = 6;
+
 /// The port of the egress proxy on the job's own 127.0.0.1.
 pub const PROXY_PORT: u16 = airlock_core::job::PROXY_PORT;
 
@@ -293,6 +298,10 @@ pub struct SandboxPlan {
     /// When set, bind a listening socket on the sandbox's `127.0.0.1:<port>` and hand it over
     /// on [`HANDOFF_FD`] (after `/out`, when both are sent).
     pub proxy_port: Option<u16>,
+    /// Whether the program inherits the control pipe's read end on [`CONTROL_FD`] (warm
+    /// sandboxes only).
+    #[serde(default)]
+    pub control_fd: bool,
 }
 
 impl SandboxPlan {

@@ -367,6 +367,9 @@ async fn get_health(State(state): State<AppState>) -> Response {
 
 /// `GET /metrics`.
 async fn get_metrics(State(state): State<AppState>) -> Response {
+    if let Some(stats) = state.runner.warm_pool_stats() {
+        state.runner.metrics().warm_pool(stats);
+    }
     let mut response = state.runner.metrics().render().into_response();
     response.headers_mut().insert(
         CONTENT_TYPE,

@@ -134,7 +134,7 @@ pub async fn serve(
         .as_ref()
         .map(|t| t.tenants.clone())
         .unwrap_or_default();
-    let runner = Arc::new(Runner::new(
+    let runner: Arc<Runner> = Arc::new(Runner::new(
         config.policy,
         config.backend,
         &tenants,
@@ -146,7 +146,7 @@ pub async fn serve(
     let tasks = TaskTracker::new();
     let mcp_cancel = CancellationToken::new();
     let state = http::AppState {
-        runner,
+        runner: runner.clone(),
         tokens: config.tokens.map(Arc::new),
         max_body_bytes: config.max_body_bytes,
         body_timeout: config.body_timeout,
@@ -211,6 +211,7 @@ pub async fn serve(
             tracing::error!("connections still open after the jobs were killed; exiting anyway");
         }
     }
+    runner.shutdown_backends().await;
     tracing::info!("stopped");
     Ok(())
 }

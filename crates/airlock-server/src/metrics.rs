@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use airlock_core::Observation;
+use airlock_core::{Observation, WarmPoolStats};
 
 /// `outcome` and `backend` of a finished job.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,6 +35,13 @@ pub struct RejectLabels {
     pub reason: String,
 }
 
+/// What became of a job with respect to the warm pool, or of a warm sandbox.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WarmLabels {
+    /// Jobs: `hit`, `miss`, `unfit`. Sandboxes: `started`, `failed`, `discarded`.
+    pub result: String,
+}
+
 /// The server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -47,6 +54,11 @@ pub struct Metrics {
     output_bytes: Family<StreamLabels, Counter>,
     redactions: Counter,
     rejected: Family<RejectLabels, Counter>,
+    warm_ready: Gauge<i64, AtomicI64>,
+    warm_jobs: Family<WarmLabels, Counter>,
+    warm_sandboxes: Family<WarmLabels, Counter>,
+    /// The pool figures last copied into the counters.
+    warm_seen: std::sync::Mutex<WarmPoolStats>,
 }
 
 impl Default for Metrics {
@@ -105,8 +117,30 @@ impl Metrics {
             "Requests turned away before running, by reason",
             rejected.clone(),
         );
+        let warm_ready = Gauge::<i64, AtomicI64>::default();
+        let warm_jobs = Family::<WarmLabels, Counter>::default();
+        let warm_sandboxes = Family::<WarmLabels, Counter>::default();
+        registry.register(
+            "warm_pool_ready",
+            "Warm sandboxes started and waiting for a job ([native] warm_pool)",
+            warm_ready.clone(),
+        );
+        registry.register(
+            "warm_pool_jobs",
+            "Jobs by warm pool result: hit (ran warm), miss (none ready), unfit (the pool's template does not fit)",
+            warm_jobs.clone(),
+        );
+        registry.register(
+            "warm_pool_sandboxes",
+            "Warm sandboxes started, failed to start, or found dead and discarded",
+            warm_sandboxes.clone(),
+        );
         Self {
             registry,
+            warm_ready,
+            warm_jobs,
+            warm_sandboxes,
+            warm_seen: std::sync::Mutex::new(WarmPoolStats::default()),
             jobs,
             duration,
             queue_wait,
@@ -162,6 +196,40 @@ impl Metrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+
+    /// Copies the warm pools' figures (summed over every policy's pool) into the series.
+    pub fn warm_pool(&self, now: WarmPoolStats) {
+        let Ok(mut seen) = self.warm_seen.lock() else {
+            return;
+        };
+        self.warm_ready
+            .set(i64::try_from(now.ready).unwrap_or(i64::MAX));
+        let jobs = [
+            ("hit", now.hits, seen.hits),
+            ("miss", now.misses, seen.misses),
+            ("unfit", now.unfit, seen.unfit),
+        ];
+        for (result, now, before) in jobs {
+            self.warm_jobs
+                .get_or_create(&WarmLabels {
+                    result: result.to_owned(),
+                })
+                .inc_by(now.saturating_sub(before));
+        }
+        let sandboxes = [
+            ("started", now.started, seen.started),
+            ("failed", now.failed, seen.failed),
+            ("discarded", now.discarded, seen.discarded),
+        ];
+        for (result, now, before) in sandboxes {
+            self.warm_sandboxes
+                .get_or_create(&WarmLabels {
+                    result: result.to_owned(),
+                })
+                .inc_by(now.saturating_sub(before));
+        }
+        *seen = now;
     }
 
     /// The Prometheus text exposition.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, ErrorKind, JobRequest, JobResult, Observation,
-    Policy,
+    Policy, WarmPoolStats,
 };
 use airlock_engine::{AuditLog, Engine, LoadedPolicy, OutputSink};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -91,12 +91,17 @@ struct TenantState {
 pub type BackendFactory =
     dyn Fn(&LoadedPolicy) -> Result<Arc<dyn Backend>, BackendError> + Send + Sync;
 
-/// The backend `kind` for a policy (the engine knows how to open each).
+/// The backend `kind` for a policy (the engine knows how to open each), with the
+/// policy's warm sandboxes kept started: a server lives long enough to use them.
 pub fn open_backend(
     kind: BackendKind,
     loaded: &LoadedPolicy,
 ) -> Result<Arc<dyn Backend>, BackendError> {
-    airlock_engine::backends::open(kind, loaded)
+    airlock_engine::backends::open_with(
+        kind,
+        loaded,
+        airlock_engine::backends::OpenOptions { warm_pool: true },
+    )
 }
 
 /// Runs jobs for the HTTP API and the MCP tool.
@@ -189,6 +194,41 @@ impl Runner {
             metrics,
             phase,
         })
+    }
+
+    /// Each distinct engine once (tenants may share one).
+    fn engines(&self) -> Vec<&Arc<PolicyEngine>> {
+        let mut engines: Vec<&Arc<PolicyEngine>> = vec![&self.default];
+        for tenant in self.tenants.values() {
+            if !engines.iter().any(|e| Arc::ptr_eq(e, &tenant.engine)) {
+                engines.push(&tenant.engine);
+            }
+        }
+        engines
+    }
+
+    /// Releases what every engine's backend holds between jobs (warm sandboxes), once no
+    /// job runs any more.
+    pub async fn shutdown_backends(&self) {
+        for engine in self.engines() {
+            engine.engine.shutdown().await;
+        }
+    }
+
+    /// The warm pools' figures summed, when any policy keeps warm sandboxes.
+    pub fn warm_pool_stats(&self) -> Option<WarmPoolStats> {
+        let mut total: Option<WarmPoolStats> = None;
+        for stats in self.engines().iter().filter_map(|e| e.engine.warm_pool()) {
+            let sum = total.get_or_insert_with(WarmPoolStats::default);
+            sum.ready += stats.ready;
+            sum.hits += stats.hits;
+            sum.misses += stats.misses;
+            sum.unfit += stats.unfit;
+            sum.started += stats.started;
+            sum.failed += stats.failed;
+            sum.discarded += stats.discarded;
+        }
+        total
     }
 
     /// The sizes of admission control.

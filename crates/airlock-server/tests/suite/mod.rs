@@ -5,3 +5,4 @@ mod load;
 mod shutdown;
 mod slow;
 mod sse;
+mod warm;

@@ -1,0 +1,339 @@
+//! The warm pool (`[native] warm_pool`): jobs delivered to sandboxes started ahead of
+//! time see exactly what a job in a fresh sandbox sees, one job per sandbox, with the
+//! wall clock from delivery; jobs it does not fit run fresh; dead warm sandboxes are
+//! replaced; nothing is left behind at shutdown.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::common::*;
+use crate::require_server;
+
+const POOL: u64 = 2;
+
+fn policy(warm_pool: u64) -> String {
+    format!(
+        "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = {warm_pool}\n"
+    )
+}
+
+fn server(warm_pool: u64) -> Server {
+    Server::start(Opts {
+        args: ["--policy", "warm.toml"].map(String::from).to_vec(),
+        files: vec![("warm.toml".into(), policy(warm_pool))],
+        ..Default::default()
+    })
+}
+
+/// One series of `/metrics` (0 when absent).
+async fn metric(server: &Server, series: &str) -> u64 {
+    let text = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+async fn wait_ready(server: &Server, want: u64) {
+    let start = Instant::now();
+    while metric(server, "airlock_warm_pool_ready").await < want {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the warm pool never had {want} sandboxes ready:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn hits(server: &Server) -> u64 {
+    metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
+}
+
+/// What a job can observe about its interpreter, its `__main__` and its sandbox.
+const PROBE: &str = r#"
+import json, os, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+print(json.dumps({
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
+    "doc": __doc__, "package": __package__, "spec": repr(__spec__),
+    "loader": type(__loader__).__name__, "globals": sorted(globals()),
+    "path": sys.path, "flags": repr(sys.flags), "modules": sorted(sys.modules),
+    "env": dict(os.environ), "cwd": os.getcwd(), "ids": [os.getuid(), os.getgid(), os.getgroups()],
+    "fds": sorted(os.listdir("/proc/self/fd")), "stdin": sys.stdin.read(),
+    "caps": [status(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+    "no_new_privs": status("NoNewPrivs"), "seccomp": status("Seccomp"),
+    "filters": status("Seccomp_filters"), "pid": os.getpid(),
+    "rlimits": [__import__("resource").getrlimit(r) for r in range(16)],
+    "files": sorted(os.listdir(".")), "data": open("data.txt").read(),
+}, sort_keys=True))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
+    require_server!();
+    let cold = server(0);
+    let warm = server(POOL);
+    wait_ready(&warm, POOL).await;
+    let cases: Vec<Value> = vec![
+        json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
+               "files": [{"path": "data.txt", "content": "data"}]}),
+        json!({"language": "python", "code": PROBE,
+               "files": [{"path": "data.txt", "content": "x"}]}),
+        python("def f():\n    raise ValueError('boom')\nf()\n"),
+        python("x = (\n"),
+        python("import sys\nprint('bye')\nsys.exit(3)\n"),
+        python(
+            "import atexit, threading, time\natexit.register(lambda: print('atexit'))\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n",
+        ),
+        python("# -*- coding: latin-1 -*-\nprint(repr('\u{e9}'))\n"),
+        python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"),
+        python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let want = post_run(&cold, None, case).await;
+        let got = post_run(&warm, None, case).await;
+        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
+        assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
+        for key in ["ok", "outcome", "exit_code", "signal", "stderr"] {
+            assert_eq!(
+                got.body[key], want.body[key],
+                "#{i} {key}: warm {:#} cold {:#}",
+                got.body, want.body
+            );
+        }
+        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
+        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
+            Ok(mut cold_probe) if cold_probe.is_object() => {
+                let mut warm_probe: Value =
+                    serde_json::from_str(out_warm.as_str().unwrap()).unwrap();
+                // The only thing that may differ: the pid in the job's pid namespace (the
+                // warm sandbox's job process is the same one, started earlier).
+                assert!(warm_probe["pid"].is_u64() && cold_probe["pid"].is_u64());
+                warm_probe["pid"] = Value::Null;
+                cold_probe["pid"] = Value::Null;
+                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
+            }
+            _ => assert_eq!(out_warm, out_cold, "#{i}"),
+        }
+        // A warm job's setup happened before it was delivered.
+        assert!(got.body["duration_ms"].as_u64().is_some(), "{:#}", got.body);
+        wait_ready(&warm, POOL).await;
+    }
+    assert_eq!(hits(&warm).await, cases.len() as u64, "{}", warm.log());
+    assert_eq!(
+        metric(&warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
+        0
+    );
+    assert_eq!(metric(&cold, "airlock_warm_pool_ready").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wall_clock_starts_at_delivery_and_each_sandbox_serves_one_job() {
+    require_server!();
+    let warm = server(POOL);
+    wait_ready(&warm, POOL).await;
+    // Waiting longer than the 3 s limit in the pool costs the job nothing.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let leave = post_run(
+        &warm,
+        None,
+        &python("import builtins, os\nbuiltins.left_behind = 1\nopen('/tmp/marker', 'w').write('x')\nopen('/work/marker', 'w').write('x') if os.access('/work', os.W_OK) else None\nprint('wrote')\n"),
+    )
+    .await;
+    assert_eq!(leave.body["outcome"], "exited", "{:#}", leave.body);
+    assert_eq!(leave.body["stdout"], "wrote\n");
+    wait_ready(&warm, POOL).await;
+    let look = post_run(
+        &warm,
+        None,
+        &python("import builtins, os\nprint(hasattr(builtins, 'left_behind'), os.path.exists('/tmp/marker'), os.path.exists('/work/marker'), sorted(os.listdir('/work')))\n"),
+    )
+    .await;
+    assert_eq!(
+        look.body["stdout"], "False False False ['main.py']\n",
+        "{:#}",
+        look.body
+    );
+
+    // The limit still holds, counted from delivery.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let slow = post_run(
+        &warm,
+        None,
+        &python("import time\nwhile True:\n    time.sleep(0.05)\n"),
+    )
+    .await;
+    assert_eq!(slow.body["outcome"], "timeout", "{:#}", slow.body);
+    let ms = slow.body["duration_ms"].as_u64().unwrap();
+    assert!(
+        (3000..5000).contains(&ms),
+        "duration {ms} ms for a 3 s limit: {:#}",
+        slow.body
+    );
+    // A shorter limit than the pool's fits, and is the one enforced.
+    wait_ready(&warm, POOL).await;
+    let short = post_run(
+        &warm,
+        None,
+        &json!({"language": "python", "code": "while True: pass", "timeout": "1s"}),
+    )
+    .await;
+    assert_eq!(short.body["outcome"], "timeout", "{:#}", short.body);
+    let ms = short.body["duration_ms"].as_u64().unwrap();
+    assert!(
+        (1000..2500).contains(&ms),
+        "duration {ms} ms for a 1 s limit"
+    );
+    // Its CPU time is the job's, not the interpreter start's (which burned none of the
+    // busy loop's second): a busy second is about a second.
+    let cpu = short.body["cpu_ms"].as_u64().unwrap();
+    assert!((500..2000).contains(&cpu), "cpu {cpu} ms: {:#}", short.body);
+    assert_eq!(hits(&warm).await, 4, "{}", warm.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_the_pool_does_not_fit_run_in_fresh_sandboxes() {
+    require_server!();
+    let warm = server(POOL);
+    wait_ready(&warm, POOL).await;
+    let unfit = [
+        json!({"language": "python", "code": "print(1)", "memory": "128MiB"}),
+        json!({"language": "python", "code": "print(1)", "cpus": 0.25}),
+        json!({"language": "python", "code": "print(1)", "pids": 8}),
+        json!({"language": "sh", "code": "echo 1"}),
+    ];
+    for case in &unfit {
+        let answer = post_run(&warm, None, case).await;
+        assert_eq!(answer.body["outcome"], "exited", "{:#}", answer.body);
+        assert_eq!(answer.body["stdout"], "1\n");
+    }
+    assert_eq!(hits(&warm).await, 0);
+    assert_eq!(
+        metric(&warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
+        unfit.len() as u64
+    );
+    // The 128 MiB limit is really the job's: it is not a warm sandbox with the default.
+    let big = post_run(
+        &warm,
+        None,
+        &json!({"language": "python", "code": "b = bytearray(200 << 20)\nprint('no')", "memory": "128MiB"}),
+    )
+    .await;
+    assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
+}
+
+/// The warm sandboxes' helpers (the server's children) and their cgroup directories.
+fn warm_sandboxes(server_pid: u32) -> Vec<(u32, Vec<PathBuf>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(server_pid) {
+            continue;
+        }
+        let cgroups: Vec<PathBuf> = std::fs::read_to_string(entry.path().join("cgroup"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("/warm-"))
+            .filter_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                let mount = match controllers.split(',').next() {
+                    Some("") | None => "/sys/fs/cgroup".to_owned(),
+                    Some(first) => format!("/sys/fs/cgroup/{first}"),
+                };
+                Some(PathBuf::from(format!("{mount}{path}")))
+            })
+            .collect();
+        if !cgroups.is_empty() {
+            found.push((pid, cgroups));
+        }
+    }
+    found
+}
+
+fn job_dir_of(cgroup: &std::path::Path) -> PathBuf {
+    PathBuf::from("/run/airlock").join(cgroup.file_name().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_warm_sandbox_is_replaced_and_shutdown_leaves_nothing_behind() {
+    require_server!();
+    let mut warm = server(POOL);
+    wait_ready(&warm, POOL).await;
+    let sandboxes = warm_sandboxes(warm.pid());
+    assert_eq!(sandboxes.len(), POOL as usize, "{sandboxes:?}");
+    // Kill every process of the oldest warm sandbox's cgroup, the interpreter included.
+    let (_, cgroups) = &sandboxes[0];
+    let procs = std::fs::read_to_string(cgroups[0].join("cgroup.procs")).unwrap();
+    let mut killed = 0;
+    for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim().starts_with("python") {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid).unwrap(),
+                rustix::process::Signal::KILL,
+            )
+            .unwrap();
+            killed += 1;
+        }
+    }
+    assert_eq!(killed, 1, "no interpreter in {procs:?}");
+    // The init ends with its only child, and the helper with the init.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        let answer = post_run(&warm, None, &python("print('fine')")).await;
+        assert_eq!(answer.body["stdout"], "fine\n", "{:#}", answer.body);
+        assert_eq!(answer.body["outcome"], "exited");
+    }
+    let discarded = metric(
+        &warm,
+        "airlock_warm_pool_sandboxes_total{result=\"discarded\"}",
+    )
+    .await;
+    assert_eq!(discarded, 1, "{}", warm.log());
+
+    wait_ready(&warm, POOL).await;
+    let mut left = warm_sandboxes(warm.pid());
+    left.extend(sandboxes);
+    warm.terminate();
+    assert!(
+        warm.wait(Duration::from_secs(20)).success(),
+        "{}",
+        warm.log()
+    );
+    for (pid, cgroups) in &left {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .is_ok_and(|c| !c.contains("/warm-")),
+            "warm sandbox helper {pid} outlived the server"
+        );
+        for cgroup in cgroups {
+            assert!(!cgroup.exists(), "{} left behind", cgroup.display());
+            let dir = job_dir_of(cgroup);
+            assert!(!dir.exists(), "{} left behind", dir.display());
+        }
+    }
+}
