@@ -84,6 +84,9 @@ log "rootless airlock in a delegated cgroup v2 subtree, in the VM"
 log "conformance suite on every backend (scripts/ci/docker.sh)"
 ./scripts/ci/docker.sh
 
+log "OCI images: build twice, load, registry push and pull, the suite on the image (scripts/ci/images.sh)"
+./scripts/ci/images.sh
+
 log "server: MCP client, OpenAPI validation, schemathesis (scripts/ci/server.sh)"
 ./scripts/ci/server.sh
 

@@ -166,7 +166,9 @@ log "airlock-oci tests"
 cargo nextest run --locked -p airlock-oci --no-fail-fast || status=1
 lap "airlock-oci tests"
 export AIRLOCK_TEST_IMAGE="$image_name@$id"
-for backend in docker gvisor; do
+# The native backend runs the same image from the store (AIRLOCK_TEST_OCI_STORE above).
+export AIRLOCK_TEST_NATIVE_IMAGE="$image_name@$id"
+for backend in native docker gvisor; do
   log "conformance suite on $backend with $AIRLOCK_TEST_IMAGE"
   b0=$(date +%s)
   cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" --no-fail-fast \

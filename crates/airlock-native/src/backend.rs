@@ -229,7 +229,10 @@ impl NativeBackend {
         airlock_oci::store::rootfs_for_job(&self.config.image_store, reference, digest).map_err(
             |e| NativeError::Rootfs {
                 path: self.config.image_store.clone(),
-                source: std::io::Error::other(error_text(&e)),
+                source: std::io::Error::other(format!(
+                    "image {reference}@{digest}: {}",
+                    error_text(&e)
+                )),
             },
         )
     }

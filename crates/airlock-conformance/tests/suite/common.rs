@@ -33,6 +33,24 @@ impl Kind {
 /// builds and loads it).
 pub const IMAGE_ENV: &str = "AIRLOCK_TEST_IMAGE";
 
+/// `$AIRLOCK_TEST_NATIVE_IMAGE` and `$AIRLOCK_TEST_OCI_STORE`: when both are set, the native
+/// backend runs that image (`REF@sha256:…`) from that airlock image store instead of the
+/// host's root (scripts/ci/images.sh builds one).
+pub const NATIVE_IMAGE_ENV: &str = "AIRLOCK_TEST_NATIVE_IMAGE";
+/// The image store of [`NATIVE_IMAGE_ENV`].
+pub const OCI_STORE_ENV: &str = "AIRLOCK_TEST_OCI_STORE";
+
+/// The image and store the native backend runs, when the environment names both.
+pub fn native_image() -> Option<(String, String)> {
+    let image = std::env::var(NATIVE_IMAGE_ENV)
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    let store = std::env::var(OCI_STORE_ENV)
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    Some((image, store))
+}
+
 pub fn docker_socket() -> PathBuf {
     std::env::var_os("AIRLOCK_DOCKER_SOCKET")
         .map(PathBuf::from)
@@ -123,17 +141,21 @@ impl Target {
     pub fn policy_with(&self, limits: &str, filesystem: &str, extra: &str) -> PathBuf {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
+        let mut images = String::new();
         let rootfs = if self.kind.is_container() {
             format!(
                 "rootfs = \"image:{}\"",
                 std::env::var(IMAGE_ENV).unwrap_or_default()
             )
+        } else if let Some((image, store)) = native_image() {
+            images = format!("[images]\nstore = {store:?}\n");
+            format!("rootfs = \"image:{image}\"")
         } else {
             "rootfs = \"host\"".to_owned()
         };
         let text = format!(
             "version = \"test-1\"\n[limits]\n{limits}\n[filesystem]\n{rootfs}\n{filesystem}\n\
-             [docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{extra}\n",
+             [docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{images}{extra}\n",
             docker_socket().display().to_string(),
             podman_socket().display().to_string(),
         );

@@ -10,10 +10,13 @@ conformance! {
         let (reference, real) = image.rsplit_once('@').unwrap();
         let wrong = format!("sha256:{}", "0".repeat(64));
         let policy = t.path().join("wrong-digest.toml");
+        let store = super::common::native_image()
+            .map(|(_, store)| format!("[images]\nstore = {store:?}\n"))
+            .unwrap_or_default();
         std::fs::write(
             &policy,
             format!(
-                "version = \"test-1\"\n[filesystem]\nrootfs = \"image:{reference}@{wrong}\"\n[docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n",
+                "version = \"test-1\"\n[filesystem]\nrootfs = \"image:{reference}@{wrong}\"\n[docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{store}",
                 super::common::docker_socket().display().to_string(),
                 super::common::podman_socket().display().to_string()
             ),
@@ -21,8 +24,12 @@ conformance! {
         .unwrap();
         let run = t.run_with(&policy, &["-c", "print('must not run')"]);
         if t.kind == Kind::Native {
-            // The native backend runs no images at all: refused, never run another way.
+            // The native backend finds images in its store by digest alone: a digest the
+            // store lacks is refused by name, never run from another image or the host.
             assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+            let message = run.obs["error"]["message"].as_str().unwrap();
+            assert!(message.contains(&wrong), "pinned digest missing: {message}");
+            assert_eq!(run.obs["stdout"], "");
             return;
         }
         assert_error(&run, "policy_denied");
