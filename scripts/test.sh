@@ -87,6 +87,9 @@ log "conformance suite on every backend (scripts/ci/docker.sh)"
 log "OCI images: build twice, load, registry push and pull, the suite on the image (scripts/ci/images.sh)"
 ./scripts/ci/images.sh
 
+log "Kubernetes backend: golden manifests, the kube feature, the fake cluster (scripts/ci/kube.sh)"
+./scripts/ci/kube.sh
+
 log "server: MCP client, OpenAPI validation, schemathesis (scripts/ci/server.sh)"
 ./scripts/ci/server.sh
 

@@ -302,6 +302,18 @@ impl Policy {
                 format!("must be at most {}", NativePolicy::WARM_POOL_MAX),
             ));
         }
+        if !(NativePolicy::WARM_IDLE_MIN..=NativePolicy::WARM_IDLE_MAX)
+            .contains(&self.native.warm_idle)
+        {
+            return Err(bad(
+                "native.warm_idle",
+                format!(
+                    "must be between {}s and {}s",
+                    NativePolicy::WARM_IDLE_MIN.as_secs(),
+                    NativePolicy::WARM_IDLE_MAX.as_secs()
+                ),
+            ));
+        }
         if self.native.warm_pool > 0 {
             let language = self.languages.get(&self.native.warm_language);
             let python = language.is_some_and(|l| {
@@ -898,6 +910,10 @@ pub struct NativePolicy {
     pub warm_pool: u32,
     /// The language warm sandboxes are started for; its interpreter must be Python.
     pub warm_language: String,
+    /// How long a warm sandbox may wait for its job; older ones are torn down and replaced,
+    /// so no sandbox outlives this however quiet the server is.
+    #[serde(with = "duration_serde")]
+    pub warm_idle: Duration,
 }
 
 /// A control a policy may accept in a weaker form.
@@ -915,6 +931,10 @@ impl NativePolicy {
     pub const HOST_UID_BASE_MIN: u32 = 1_000_000;
     /// The largest warm pool (each warm sandbox holds an interpreter's memory).
     pub const WARM_POOL_MAX: u32 = 64;
+    /// The shortest idle lifetime: below it the pool would spend its time restarting.
+    pub const WARM_IDLE_MIN: Duration = Duration::from_secs(1);
+    /// The longest idle lifetime.
+    pub const WARM_IDLE_MAX: Duration = Duration::from_secs(24 * 3600);
 }
 
 impl Default for NativePolicy {
@@ -925,6 +945,7 @@ impl Default for NativePolicy {
             allow_degraded: Vec::new(),
             warm_pool: 0,
             warm_language: "python".to_owned(),
+            warm_idle: Duration::from_secs(600),
         }
     }
 }
@@ -1484,6 +1505,8 @@ mod tests {
             "[native]\nwarm_pool = 65",
             "[native]\nwarm_pool = 1\nwarm_language = \"node\"",
             "[native]\nwarm_pool = 1\nwarm_language = \"cobol\"",
+            "[native]\nwarm_idle = \"0s\"",
+            "[native]\nwarm_idle = \"90000s\"",
             "[docker]\ndocker_socket = \"relative.sock\"",
             "[docker]\npodman_socket = \"\"",
             "[docker]\nruntime = \"\"",

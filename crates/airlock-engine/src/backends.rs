@@ -38,9 +38,13 @@ pub fn open_with(
                 return Ok(Arc::new(backend));
             }
             let template = warm_template(&loaded.policy)?;
-            let pool =
-                airlock_native::PooledNative::start(Arc::new(backend), template, size as usize)
-                    .map_err(BackendError::from)?;
+            let pool = airlock_native::PooledNative::start(
+                Arc::new(backend),
+                template,
+                size as usize,
+                loaded.policy.native.warm_idle,
+            )
+            .map_err(BackendError::from)?;
             tracing::info!(size, language = %loaded.policy.native.warm_language,
                 "keeping warm sandboxes started");
             Ok(Arc::new(pool))

@@ -87,6 +87,8 @@ const REFILL_BACKOFF_MIN: Duration = Duration::from_millis(250);
 /// A started sandbox waiting for its job.
 struct Warm {
     name: String,
+    /// When it became ready; past the pool's idle lifetime it is replaced.
+    ready_at: Instant,
     launched: Launched,
     jobdir: JobDir,
     cgroup: Option<JobCgroup>,
@@ -106,6 +108,7 @@ struct Shared {
     backend: Arc<NativeBackend>,
     template: JobSpec,
     size: usize,
+    idle_max: Duration,
     ready: Mutex<VecDeque<Warm>>,
     wake: Notify,
     closed: AtomicBool,
@@ -128,12 +131,13 @@ impl std::fmt::Debug for PooledNative {
 
 impl PooledNative {
     /// Keeps `size` sandboxes started for jobs like `template` (a job of the pool's
-    /// language with the policy's defaults), starting them in the background. Must be
-    /// called inside a tokio runtime.
+    /// language with the policy's defaults), starting them in the background; one unused
+    /// for `idle_max` is torn down and replaced. Must be called inside a tokio runtime.
     pub fn start(
         backend: Arc<NativeBackend>,
         template: JobSpec,
         size: usize,
+        idle_max: Duration,
     ) -> Result<Self, NativeError> {
         if template.network != NetworkMode::None {
             return Err(NativeError::Unsupported {
@@ -155,6 +159,7 @@ impl PooledNative {
             backend,
             template,
             size,
+            idle_max,
             ready: Mutex::new(VecDeque::with_capacity(size)),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
@@ -235,10 +240,13 @@ impl PooledNative {
                 shared.wake.notify_one();
                 return None;
             };
-            if warm.launched.is_alive() {
+            if warm.ready_at.elapsed() > shared.idle_max {
+                tracing::debug!(sandbox = %warm.name, "a warm sandbox outlived its idle lifetime; discarded");
+            } else if warm.launched.is_alive() {
                 return Some(warm);
+            } else {
+                tracing::warn!(sandbox = %warm.name, "a warm sandbox died while waiting; discarded");
             }
-            tracing::warn!(sandbox = %warm.name, "a warm sandbox died while waiting; discarded");
             shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
             discard(warm).await;
             shared.wake.notify_one();
@@ -258,6 +266,7 @@ impl PooledNative {
             launched,
             jobdir,
             cgroup,
+            ..
         } = warm;
         // The job's files, then the CPU the sandbox used while waiting (left out of the
         // job's figure). Blocking work, off the async threads.
@@ -403,6 +412,7 @@ async fn launch_warm(shared: &Shared) -> Result<Warm, NativeError> {
     match backend.launch(&name, &plan, true).await {
         Ok(launched) => Ok(Warm {
             name,
+            ready_at: Instant::now(),
             launched,
             jobdir,
             cgroup,
@@ -420,6 +430,7 @@ async fn discard(warm: Warm) {
         launched,
         jobdir,
         cgroup,
+        ..
     } = warm;
     launched.kill().await;
     match tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await {
@@ -431,6 +442,21 @@ async fn discard(warm: Warm) {
     }
 }
 
+/// The ready sandboxes past the idle lifetime, taken out of the pool (the oldest are first).
+fn expired(shared: &Shared) -> Vec<Warm> {
+    let Ok(mut ready) = shared.ready.lock() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    while ready
+        .front()
+        .is_some_and(|w| w.ready_at.elapsed() > shared.idle_max)
+    {
+        out.extend(ready.pop_front());
+    }
+    out
+}
+
 /// Keeps the pool full, one start at a time, backing off while starts fail.
 async fn refill(shared: Arc<Shared>) {
     let mut backoff = REFILL_BACKOFF_MIN;
@@ -438,9 +464,24 @@ async fn refill(shared: Arc<Shared>) {
         if shared.closed.load(Ordering::SeqCst) {
             break;
         }
-        let have = shared.ready.lock().map(|r| r.len()).unwrap_or(usize::MAX);
+        for warm in expired(&shared) {
+            tracing::debug!(sandbox = %warm.name, "a warm sandbox outlived its idle lifetime; replaced");
+            shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            discard(warm).await;
+        }
+        let (have, oldest) = match shared.ready.lock() {
+            Ok(ready) => (ready.len(), ready.front().map(|w| w.ready_at)),
+            Err(_) => break,
+        };
         if have >= shared.size {
-            shared.wake.notified().await;
+            // Asleep until a job takes one or the oldest reaches its idle lifetime.
+            match oldest {
+                Some(oldest) => {
+                    let expiry = tokio::time::Instant::from_std(oldest + shared.idle_max);
+                    let _ = tokio::time::timeout_at(expiry, shared.wake.notified()).await;
+                }
+                None => shared.wake.notified().await,
+            }
             continue;
         }
         match launch_warm(&shared).await {

@@ -337,3 +337,50 @@ async fn a_dead_warm_sandbox_is_replaced_and_shutdown_leaves_nothing_behind() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_sandbox_idle_past_its_lifetime_is_replaced() {
+    require_server!();
+    let text = "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\nwarm_idle = \"1s\"\n";
+    let warm = Server::start(Opts {
+        args: ["--policy", "warm.toml"].map(String::from).to_vec(),
+        files: vec![("warm.toml".into(), text.to_owned())],
+        ..Default::default()
+    });
+    wait_ready(&warm, 1).await;
+    let first = warm_sandboxes(warm.pid());
+    assert_eq!(first.len(), 1, "{first:?}");
+    // Past its lifetime the sandbox is torn down and another takes its place, with no job.
+    let start = Instant::now();
+    loop {
+        let discarded = metric(
+            &warm,
+            "airlock_warm_pool_sandboxes_total{result=\"discarded\"}",
+        )
+        .await;
+        let now = warm_sandboxes(warm.pid());
+        if discarded >= 1 && now.len() == 1 && now[0].0 != first[0].0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the idle sandbox was not replaced (discarded {discarded}, now {now:?}):\n{}",
+            warm.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for cgroup in &first[0].1 {
+        assert!(!cgroup.exists(), "{} left behind", cgroup.display());
+        assert!(
+            !job_dir_of(cgroup).exists(),
+            "job dir of {} left behind",
+            cgroup.display()
+        );
+    }
+    assert_eq!(hits(&warm).await, 0);
+    // The replacement serves a job like any other.
+    wait_ready(&warm, 1).await;
+    let answer = post_run(&warm, None, &python("print('fresh')")).await;
+    assert_eq!(answer.body["stdout"], "fresh\n", "{:#}", answer.body);
+    assert_eq!(hits(&warm).await, 1, "{}", warm.log());
+}
