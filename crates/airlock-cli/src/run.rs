@@ -87,6 +87,13 @@ pub struct RunArgs {
     #[arg(long)]
     json: bool,
 
+    /// Run the job in a warm sandbox, as `airlock serve`'s warm pool does: the sandbox and
+    /// the interpreter are started first, then the job is delivered. Slower than a plain
+    /// run; for the conformance suite and for diagnosing the warm path. Native backend,
+    /// Python jobs only. Says on stderr whether the job ran warm.
+    #[arg(long, hide = true)]
+    warm: bool,
+
     /// Arguments passed to the program after the source file.
     #[arg(last = true, value_name = "ARGS")]
     args: Vec<String>,
@@ -270,12 +277,85 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
         Ok(a) => a,
         Err(e) => return result(refuse(ErrorKind::Internal, error_chain(&e), &version)),
     };
+    if args.warm {
+        return run_warm(request, backend_kind, loaded, audit).await;
+    }
     tracing::debug!("opening the backend");
     let backend = airlock_engine::backends::open(backend_kind, &loaded);
     tracing::debug!("backend open");
     let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
     engine.run_until(request, None, interrupted(), None).await
 }
+
+/// `--warm`: a warm sandbox built for this very job, started and waited for, then the job
+/// delivered to it.
+async fn run_warm(
+    request: JobRequest,
+    backend_kind: BackendKind,
+    loaded: LoadedPolicy,
+    audit: AuditLog,
+) -> airlock_core::JobResult {
+    let version = loaded.policy.version.clone();
+    let result = |observation| airlock_core::JobResult {
+        observation,
+        files: Vec::new(),
+        connections: Vec::new(),
+    };
+    if backend_kind != BackendKind::Native {
+        return result(refuse(
+            ErrorKind::InvalidInput,
+            format!("--warm needs the native backend, not {backend_kind}"),
+            &version,
+        ));
+    }
+    let template = JobRequest {
+        source: Vec::new(),
+        files: Vec::new(),
+        stdin: None,
+        args: Vec::new(),
+        ..request.clone()
+    };
+    let options = airlock_engine::backends::OpenOptions {
+        warm_pool: true,
+        warm_template: Some(template),
+    };
+    let backend = airlock_engine::backends::open_with(backend_kind, &loaded, options);
+    let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
+    // A backend that did not open ends the job with its error, as without --warm.
+    let deadline = std::time::Instant::now() + WARM_START_LIMIT;
+    while let Some(stats) = engine.warm_pool() {
+        if stats.ready > 0 {
+            break;
+        }
+        if stats.failed > 0 || std::time::Instant::now() > deadline {
+            engine.shutdown().await;
+            return result(refuse(
+                ErrorKind::BackendUnavailable,
+                format!(
+                    "--warm: no warm sandbox started ({} failed starts; AIRLOCK_LOG=debug says why)",
+                    stats.failed
+                ),
+                &version,
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let outcome = engine.run_until(request, None, interrupted(), None).await;
+    if let Some(stats) = engine.warm_pool() {
+        if stats.hits == 1 {
+            eprintln!("airlock: --warm: the job ran in a warm sandbox");
+        } else {
+            eprintln!(
+                "airlock: --warm: the job ran in a fresh sandbox (it does not fit a warm one)"
+            );
+        }
+    }
+    engine.shutdown().await;
+    outcome
+}
+
+/// How long `--warm` waits for its sandbox to start.
+const WARM_START_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Completes on SIGINT or SIGTERM, naming the signal: the job is then killed and its
 /// sandbox removed before airlock exits, rather than left to whoever cleans up next.

@@ -8,12 +8,16 @@ use airlock_docker::Flavor;
 use crate::LoadedPolicy;
 
 /// How a backend is opened.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
     /// Keep the policy's `[native] warm_pool` sandboxes started ahead of jobs (for a
     /// long-running server; a single `airlock run` would only waste them). Needs a tokio
     /// runtime.
     pub warm_pool: bool,
+    /// Build the warm sandboxes for this job rather than for the policy's defaults in
+    /// `warm_language`, and keep at least one (`airlock run --warm`, which puts a single
+    /// job through the warm path for tests and diagnosis). Only with `warm_pool`.
+    pub warm_template: Option<airlock_core::JobRequest>,
 }
 
 /// Opens the backend `kind` for a policy. An error is a [`BackendError`] (usually
@@ -33,11 +37,22 @@ pub fn open_with(
             let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
             let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
             let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
-            let size = loaded.policy.native.warm_pool;
+            let mut size = loaded.policy.native.warm_pool;
+            if options.warm_template.is_some() {
+                size = size.max(1);
+            }
             if !options.warm_pool || size == 0 {
                 return Ok(Arc::new(backend));
             }
-            let template = warm_template(&loaded.policy)?;
+            let template = match options.warm_template {
+                Some(request) => request.resolve(&loaded.policy).map_err(|e| {
+                    BackendError::new(
+                        airlock_core::ErrorKind::PolicyDenied,
+                        format!("the warm sandbox's job is refused by the policy: {e}"),
+                    )
+                })?,
+                None => warm_template(&loaded.policy)?,
+            };
             let pool = airlock_native::PooledNative::start(
                 Arc::new(backend),
                 template,

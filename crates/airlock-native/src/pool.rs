@@ -146,6 +146,19 @@ impl PooledNative {
                     .into(),
             });
         }
+        let program = template
+            .argv
+            .first()
+            .map(|p| p.rsplit('/').next().unwrap_or(p));
+        if !program.is_some_and(|p| p.starts_with("python")) {
+            return Err(NativeError::Unsupported {
+                control: "warm pool",
+                reason: format!(
+                    "warm sandboxes start a Python interpreter; the {} command is {:?}",
+                    template.language, template.argv
+                ),
+            });
+        }
         if warm_argv(&template).is_none() {
             return Err(NativeError::Unsupported {
                 control: "warm pool",

@@ -100,7 +100,10 @@ pub fn open_backend(
     airlock_engine::backends::open_with(
         kind,
         loaded,
-        airlock_engine::backends::OpenOptions { warm_pool: true },
+        airlock_engine::backends::OpenOptions {
+            warm_pool: true,
+            ..Default::default()
+        },
     )
 }
 
