@@ -48,7 +48,13 @@ pub(crate) fn sweep(dirs: &[GroupDir]) -> Result<(), CgroupError> {
             return Ok(());
         }
         tracing::trace!(round, listed, "kill sweep");
-        thread::sleep(Duration::from_millis(KILL_SWEEP_PAUSE_MS));
+        // Until the group empties, or at most one whole pause.
+        let pause_end = std::time::Instant::now() + Duration::from_millis(KILL_SWEEP_PAUSE_MS);
+        let mut attempt = 0;
+        while count_members(dirs)? > 0 && std::time::Instant::now() < pause_end {
+            thread::sleep(crate::backoff(attempt, KILL_SWEEP_PAUSE_MS));
+            attempt += 1;
+        }
     }
     let remaining = count_members(dirs)?;
     if remaining == 0 {

@@ -36,10 +36,18 @@ pub const MIN_CPU_MILLIS: u32 = 10;
 pub const MAX_JOB_NAME_CHARS: usize = 64;
 /// Rounds of "list the group, SIGKILL each verified member" before the sweep gives up.
 pub const KILL_SWEEP_MAX_ROUNDS: u32 = 100;
-/// Pause between sweep rounds, so killed processes can leave the group.
+/// Longest pause between sweep rounds, so killed processes can leave the group.
 pub const KILL_SWEEP_PAUSE_MS: u64 = 10;
-/// Poll interval of [`JobCgroup::wait_empty`].
+/// Longest poll interval of [`JobCgroup::wait_empty`].
 pub const WAIT_POLL_INTERVAL_MS: u64 = 5;
+
+/// The `attempt`th pause of a poll that starts short and doubles up to `cap_ms`: a
+/// process that is already exiting leaves its group within microseconds, and a job's
+/// teardown should not wait a whole interval for it.
+pub(crate) fn backoff(attempt: u32, cap_ms: u64) -> std::time::Duration {
+    let micros = 100u64.saturating_mul(1 << attempt.min(16));
+    std::time::Duration::from_micros(micros.min(cap_ms * 1000))
+}
 /// How long [`JobCgroup::remove`] waits for killed processes to leave before `rmdir`.
 pub const REMOVE_WAIT_MS: u64 = 2_000;
 /// How long the best-effort cleanup in `Drop` waits before `rmdir`.

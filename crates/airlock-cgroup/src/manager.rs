@@ -357,6 +357,7 @@ impl JobCgroup {
     /// Waits until no process is left in the group; `false` when `timeout` passed first.
     pub fn wait_empty(&self, timeout: Duration) -> Result<bool, CgroupError> {
         let start = Instant::now();
+        let mut attempt = 0;
         loop {
             if kill::count_members(&self.dirs)? == 0 {
                 return Ok(true);
@@ -364,7 +365,8 @@ impl JobCgroup {
             if start.elapsed() >= timeout {
                 return Ok(false);
             }
-            thread::sleep(Duration::from_millis(WAIT_POLL_INTERVAL_MS));
+            thread::sleep(crate::backoff(attempt, WAIT_POLL_INTERVAL_MS));
+            attempt += 1;
         }
     }
 
