@@ -1,0 +1,438 @@
+#!/usr/bin/env python3
+"""airlock beside the alternatives, on the same two jobs, in one run.
+
+Contenders (each where this host has it; a missing one is listed with the reason):
+  python3            the bare interpreter on the host (`/usr/bin/python3 -I`): the baseline
+  bwrap              bubblewrap with the closest shape it can give (namespaces, read-only
+                     /usr, uid 65534, no capabilities, no network; no cgroup limits, no seccomp)
+  docker run         `docker run --rm` with DESIGN §5's reference flags (runc)
+  docker run runsc   the same with `--runtime runsc` (gVisor)
+  airlock native     `airlock run --backend native` (a fresh sandbox per job, no daemon)
+  airlock docker     `airlock run --backend docker`, and gvisor, podman alike
+  serve cold         `airlock serve`, POST /v1/runs over a keep-alive connection
+  serve warm         the same with `[native] warm_pool`: the sandbox and interpreter are
+                     started before the job arrives, one sandbox per job
+
+Jobs: `print(sum(range(10)))`, and one that imports json and re and prints 1 MB (airlock
+keeps the first 8 KB: its default stdout cap; the others write to /dev/null or a pipe that
+the driver drains).
+
+Latency (median, p90) of jobs one after another comes from hyperfine (`-N`, no shell) for
+the process contenders and from this driver for HTTP; throughput (jobs per second with 1,
+2 and 8 in flight) from this driver's threads for all. Prints Markdown. Standard library
+only. A benchmark, not a test: it asserts only that every job ran and printed the right
+thing.
+
+Usage: bench.py --airlock BIN --work DIR [--runs N] [--jobs N] [--levels 1,2,8]
+                [--image REF@sha256:...] [--only NAME,...]
+"""
+import argparse
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+JOBS = {
+    "sum": "print(sum(range(10)))\n",
+    "1mb": (
+        "import json, re\n"
+        "line = json.dumps({'k': 'v' * 90}) + '\\n'\n"
+        "print(re.sub('v', 'w', line) * (1_000_000 // len(line)), end='')\n"
+    ),
+}
+EXPECT = {"sum": b"45\n", "1mb": b'{"k": "www'}
+PYTHON = "/usr/bin/python3"
+
+
+def percentile(values, p):
+    values = sorted(values)
+    k = max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+class Contender:
+    """One way of running a job: a command per job, or an HTTP server."""
+
+    def __init__(self, name, argv_for=None, server=None, note=""):
+        self.name = name
+        self.argv_for = argv_for  # job name -> argv
+        self.server = server  # (host, port) when over HTTP
+        self.note = note
+        self.missing = None  # why it cannot run here
+
+    def one(self, job):
+        """A callable running one job, with per-thread state (a connection)."""
+        if self.server:
+            body = json.dumps({"language": "python", "code": JOBS[job]}).encode()
+            host, port = self.server
+
+            def run(state):
+                conn = state.get("conn")
+                if conn is None:
+                    conn = state["conn"] = http.client.HTTPConnection(host, port, timeout=120)
+                conn.request("POST", "/v1/runs", body, {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                data = response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{self.name}: HTTP {response.status}: {data[:300]!r}")
+                obs = json.loads(data)
+                if not obs["ok"] or not obs["stdout"].encode().startswith(EXPECT[job]):
+                    raise RuntimeError(f"{self.name}: {data[:300]!r}")
+
+            return run
+        argv = self.argv_for(job)
+
+        def run(_state):
+            out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+            text = out.stdout
+            if argv[0].endswith("airlock"):
+                obs = json.loads(out.stdout)
+                text = obs["stdout"].encode() if obs["ok"] else b""
+            if out.returncode != 0 or not text.startswith(EXPECT[job]):
+                raise RuntimeError(f"{self.name}: exit {out.returncode}: {out.stdout[:300]!r} {out.stderr[-300:]!r}")
+
+        return run
+
+
+def throughput(contender, job, n_jobs, clients):
+    """Jobs per second with `clients` jobs in flight."""
+    lock = threading.Lock()
+    counter = iter(range(n_jobs))
+    errors = []
+    done = [0]
+    one = contender.one(job)
+
+    def worker():
+        state = {}
+        while True:
+            with lock:
+                if next(counter, None) is None:
+                    return
+            try:
+                one(state)
+            except Exception as e:  # noqa: BLE001 - reported below
+                with lock:
+                    errors.append(str(e))
+                state.clear()
+                continue
+            with lock:
+                done[0] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise SystemExit(f"{contender.name} ({job}, {clients} in flight): {len(errors)} failed: {errors[:2]}")
+    return done[0] / wall
+
+
+def latency_http(contender, job, runs, warmup):
+    one = contender.one(job)
+    state = {}
+    for _ in range(warmup):
+        one(state)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        one(state)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def latency_hyperfine(contenders, job, runs, warmup, work):
+    """One hyperfine run over every process contender: {name: [seconds]}."""
+    export = os.path.join(work, f"hyperfine-{job}.json")
+    cmd = ["hyperfine", "-N", "--style", "basic", "--warmup", str(warmup), "--runs", str(runs),
+           "--export-json", export]
+    for c in contenders:
+        # hyperfine -N splits on whitespace with shell-like quoting.
+        cmd += ["-n", c.name, " ".join(shell_quote(a) for a in c.argv_for(job))]
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+    with open(export) as f:
+        results = json.load(f)["results"]
+    return {r["command"]: r["times"] for r in results}
+
+
+def shell_quote(arg):
+    if re.fullmatch(r"[A-Za-z0-9_./:=@,+-]+", arg):
+        return arg
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
+
+
+def start_server(airlock, policy, work, name):
+    env = dict(os.environ, AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"), AIRLOCK_LOG="warn")
+    proc = subprocess.Popen(
+        [airlock, "serve", "--listen", "127.0.0.1:0", "--policy", policy, "--queue", "1000"],
+        stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:
+        m = re.search(r"listening on http://([0-9.]+):(\d+)", line)
+        if m:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, (m.group(1), int(m.group(2)))
+    proc.wait()
+    raise SystemExit(f"airlock serve ({name}) did not start")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def metric(addr, series):
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def warm_cgroups():
+    """Memory charged to each warm sandbox's cgroup (v1 or v2), in KiB."""
+    found = []
+    for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
+        if not os.path.isdir(root):
+            continue
+        for dirpath, dirnames, _ in os.walk(root):
+            for d in dirnames:
+                if d.startswith("warm-"):
+                    for name in ("memory.usage_in_bytes", "memory.current"):
+                        path = os.path.join(dirpath, d, name)
+                        if os.path.exists(path):
+                            with open(path) as f:
+                                found.append(int(f.read()) // 1024)
+            if found:
+                return found
+    return found
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--airlock", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--runs", type=int, default=30, help="sequential runs per contender and job")
+    p.add_argument("--jobs", type=int, default=40, help="jobs per throughput level")
+    p.add_argument("--levels", default="1,2,8")
+    p.add_argument("--image", default="", help="the container backends' image, REF@sha256:...")
+    p.add_argument("--warm-pool", type=int, default=4)
+    p.add_argument("--only", default="", help="comma-separated contender names")
+    args = p.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    work = args.work
+    for job, code in JOBS.items():
+        with open(os.path.join(work, f"{job}.py"), "w") as f:
+            f.write(code)
+    os.chmod(work, 0o755)
+
+    airlock = args.airlock
+    policy_plain = os.path.join(work, "policy.toml")
+    image_line = f'rootfs = "image:{args.image}"' if args.image else ""
+    with open(policy_plain, "w") as f:
+        f.write(f'version = "bench-1"\n[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
+    policy_image = os.path.join(work, "policy-image.toml")
+    with open(policy_image, "w") as f:
+        f.write(f'version = "bench-1"\n[filesystem]\n{image_line}\n[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
+    policy_warm = os.path.join(work, "policy-warm.toml")
+    with open(policy_warm, "w") as f:
+        f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\n'
+                f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
+
+    def py(job):
+        return [PYTHON, "-I", os.path.join(work, f"{job}.py")]
+
+    def bwrap(job):
+        return ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                "--setenv", "PATH", "/usr/bin:/bin", "--ro-bind", "/usr", "/usr",
+                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev",
+                "--tmpfs", "/tmp", "--ro-bind", work, "/work", "--chdir", "/work",
+                "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
+                PYTHON, "-I", f"/work/{job}.py"]
+
+    ref = ["--network", "none", "--read-only", "--tmpfs", "/tmp:rw,noexec,nosuid,size=16m",
+           "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+           "--memory", "256m", "--memory-swap", "256m", "--cpus", "1", "--pids-limit", "64",
+           "-v", f"{work}:/work:ro", "-w", "/work"]
+    image_id = args.image.split("@", 1)[1] if "@" in args.image else ""
+
+    def docker(runtime):
+        def argv(job):
+            extra = ["--runtime", runtime] if runtime else []
+            return ["docker", "run", "--rm", *extra, *ref, image_id, "python3", "-I", f"/work/{job}.py"]
+        return argv
+
+    def airlock_run(backend, policy):
+        def argv(job):
+            return [airlock, "run", "--json", "--backend", backend, "--policy", policy,
+                    os.path.join(work, f"{job}.py")]
+        return argv
+
+    contenders = [
+        Contender("python3", py, note="the bare interpreter on the host: the baseline"),
+        Contender("bwrap", bwrap, note="no cgroup limits, no seccomp"),
+        Contender("docker run", docker(None)),
+        Contender("docker run runsc", docker("runsc")),
+        Contender("airlock native", airlock_run("native", policy_plain)),
+        Contender("airlock docker", airlock_run("docker", policy_image)),
+        Contender("airlock gvisor", airlock_run("gvisor", policy_image)),
+        Contender("airlock podman", airlock_run("podman", policy_image)),
+        Contender("serve cold", note="HTTP, a fresh sandbox per job"),
+        Contender("serve warm", note=f"HTTP, warm_pool = {args.warm_pool}"),
+    ]
+    if not shutil.which("bwrap"):
+        contenders[1].missing = "bwrap is not installed"
+    docker_ok = subprocess.run(["docker", "version"], capture_output=True).returncode == 0
+    runtimes = ""
+    if docker_ok:
+        runtimes = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"],
+                                  capture_output=True, text=True).stdout
+    for c in contenders:
+        if c.name in ("docker run", "docker run runsc", "airlock docker", "airlock gvisor"):
+            if not docker_ok:
+                c.missing = "no Docker daemon"
+            elif not image_id:
+                c.missing = "no image (--image; scripts/ci/docker.sh builds airlock-test:bookworm)"
+            elif "runsc" in c.name or "gvisor" in c.name:
+                if "runsc" not in runtimes:
+                    c.missing = "Docker has no runsc runtime"
+        if c.name == "airlock podman":
+            if not os.path.exists("/run/podman/podman.sock"):
+                c.missing = "no Podman service socket at /run/podman/podman.sock"
+            elif not image_id:
+                c.missing = "no image"
+    if args.only:
+        wanted = set(args.only.split(","))
+        for c in contenders:
+            if c.name not in wanted and c.name != "python3" and not c.missing:
+                c.missing = "not selected (--only)"
+
+    servers = []
+    memory = {}
+    try:
+        by_name = {c.name: c for c in contenders}
+        if not by_name["serve cold"].missing:
+            proc, addr = start_server(airlock, policy_plain, work, "cold")
+            servers.append(proc)
+            by_name["serve cold"].server = addr
+            time.sleep(0.5)
+            memory["server idle RSS (no pool)"] = rss_kib(proc.pid)
+            by_name["serve cold"].pid = proc.pid
+        if not by_name["serve warm"].missing:
+            proc, addr = start_server(airlock, policy_warm, work, "warm")
+            servers.append(proc)
+            by_name["serve warm"].server = addr
+            deadline = time.time() + 60
+            while metric(addr, "airlock_warm_pool_ready") < args.warm_pool:
+                if time.time() > deadline:
+                    raise SystemExit("the warm pool never filled")
+                time.sleep(0.1)
+            time.sleep(0.5)
+            per = warm_cgroups()
+            memory[f"server RSS with {args.warm_pool} warm sandboxes"] = rss_kib(proc.pid)
+            if per:
+                memory["memory charged per warm sandbox (cgroup, mean)"] = sum(per) // len(per)
+
+        runnable = [c for c in contenders if not c.missing]
+        processes = [c for c in runnable if c.argv_for]
+        http_ones = [c for c in runnable if c.server]
+        lat = {}
+        rates = {}
+        for job in JOBS:
+            log(f"== latency, job {job}: hyperfine over {len(processes)} commands, {args.runs} runs each")
+            for name, times in latency_hyperfine(processes, job, args.runs, 3, work).items():
+                lat[(name, job)] = times
+            for c in http_ones:
+                log(f"== latency, job {job}: {c.name}")
+                lat[(c.name, job)] = latency_http(c, job, args.runs, 3)
+            for c in runnable:
+                for n in levels:
+                    jobs = args.jobs if "docker" not in c.name and "gvisor" not in c.name and "podman" not in c.name else max(n * 2, args.jobs // 2)
+                    log(f"== throughput, job {job}: {c.name}, {n} in flight, {jobs} jobs")
+                    if c.name == "serve cold" and job == "sum" and n == max(levels):
+                        peak = [0]
+                        stop = threading.Event()
+
+                        def sample(pid=c.pid):
+                            while not stop.is_set():
+                                peak[0] = max(peak[0], rss_kib(pid))
+                                time.sleep(0.005)
+                        t = threading.Thread(target=sample)
+                        t.start()
+                        rates[(c.name, job, n)] = throughput(c, job, jobs, n)
+                        stop.set()
+                        t.join()
+                        memory[f"server peak RSS with {n} clients (cold, at most {os.cpu_count()} jobs in flight)"] = peak[0]
+                    else:
+                        rates[(c.name, job, n)] = throughput(c, job, jobs, n)
+    finally:
+        for proc in servers:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs ({cpu}); "
+          f"{platform.system()} {platform.release()}; load average at the end {load[0]:.2f}; "
+          f"{args.runs} sequential runs per row after 3 warm-ups; throughput over {args.jobs} jobs "
+          f"per level (containers: half as many, at least two per slot)\n")
+    for job in JOBS:
+        base = lat.get(("python3", job))
+        base_rate = {n: rates.get(("python3", job, n)) for n in levels}
+        print(f"### Job `{job}`\n")
+        head = "| contender | median ms | p90 ms | × python3 (median) |"
+        rule = "|:---|---:|---:|---:|"
+        for n in levels:
+            head += f" jobs/s @{n} | × python3 @{n} |"
+            rule += "---:|---:|"
+        print(head)
+        print(rule)
+        for c in contenders:
+            if c.missing:
+                continue
+            times = lat[(c.name, job)]
+            med = statistics.median(times) * 1000
+            row = f"| {c.name} | {med:.1f} | {percentile(times, 90) * 1000:.1f} | {med / (statistics.median(base) * 1000):.2f} |"
+            for n in levels:
+                r = rates[(c.name, job, n)]
+                row += f" {r:.1f} | {r / base_rate[n]:.2f} |"
+            print(row)
+        print()
+    skipped = [c for c in contenders if c.missing]
+    if skipped:
+        print("Not run: " + "; ".join(f"{c.name} ({c.missing})" for c in skipped) + "\n")
+    if memory:
+        print("| memory | KiB |\n|:---|---:|")
+        for k, v in memory.items():
+            print(f"| {k} | {v} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()

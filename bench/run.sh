@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# airlock beside bare python3, bwrap, docker run and gVisor, on the same jobs, in one run
+# (bench/bench.py says what each contender is). As root. A benchmark, not a test.
+#
+#   bench/run.sh                       everything this host has
+#   bench/run.sh --runs 50 --jobs 80   more samples
+#   bench/run.sh --only "airlock native,serve warm"   python3 plus the named contenders
+#
+# Uses the Docker daemon if one runs (it never starts or stops one) and the test image
+# scripts/ci/docker.sh builds (airlock-test:bookworm); without them the container rows are
+# listed as not run. Run it on a quiet machine: every figure is wall-clock time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then
+  echo "bench/run.sh: run as root (the native sandbox's cgroups)" >&2
+  exit 1
+fi
+for tool in hyperfine bwrap; do
+  command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
+done
+cargo build --release --locked -q -p airlock-cli
+target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+image=""
+if curl -sf --unix-socket /var/run/docker.sock http://localhost/_ping >/dev/null 2>&1; then
+  id=$(docker image inspect airlock-test:bookworm --format '{{.Id}}' 2>/dev/null || true)
+  [ -n "$id" ] && image="airlock-test:bookworm@$id"
+fi
+work="$(mktemp -d /tmp/airlock-bench.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+python3 bench/bench.py --airlock "$target_dir/release/airlock" --work "$work" --image "$image" "$@"
+if [ -n "$image" ] && docker ps -aq --filter label=airlock.managed | grep -q .; then
+  echo "bench/run.sh: airlock containers left behind" >&2
+  exit 1
+fi
