@@ -869,7 +869,7 @@ impl ImageStore {
     }
 }
 
-/// airlock's state directory, by the same rules as `airlock_engine::state_dir`:
+/// airlock's state directory (also `airlock_engine::state_dir`):
 /// `$AIRLOCK_STATE_DIR`, else `/var/lib/airlock` for root, else `$XDG_STATE_HOME/airlock`,
 /// else `~/.local/state/airlock`.
 pub fn state_dir() -> PathBuf {
