@@ -7,7 +7,11 @@
 #      running each Pod as a real container on the local Docker daemon), the `airlock`
 #      binary included: run it after scripts/ci/docker.sh, which starts dockerd and builds
 #      the test image (AIRLOCK_TEST_IMAGE is derived from it when unset);
-#   4. the real-cluster suite, when KUBECONFIG is set (docs/kube.md).
+#   4. the conformance suite on `--backend kube` through the same fake cluster, run as a
+#      process of its own (airlock-kube's example fake_cluster) for the suite's duration,
+#      with airlock's seccomp profile installed on its "node" and the probe added to the
+#      test image (a Pod's inputs are text: the probe cannot travel as an input file);
+#   5. the real-cluster suite, when KUBECONFIG is set (docs/kube.md).
 # As root (the fake kubelet writes Pod volumes under /run). Every test runs with
 # AIRLOCK_REQUIRE_ALL=1: a missing requirement fails, it is never counted as passed.
 set -euo pipefail
@@ -53,7 +57,12 @@ cargo clippy --locked --no-deps -p airlock-kube -p airlock-engine -p airlock-cli
   --features airlock-engine/kube,airlock-cli/kube --all-targets -- -D warnings
 cargo build --locked -p airlock-cli --features kube
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-export AIRLOCK_KUBE_BIN="$target_dir/debug/airlock"
+# A copy of its own: any later build of airlock-cli without the feature (the probe's, or
+# another script's) overwrites debug/airlock.
+mkdir -p "$target_dir/kube"
+cp "$target_dir/debug/airlock" "$target_dir/kube/airlock.tmp"
+mv "$target_dir/kube/airlock.tmp" "$target_dir/kube/airlock"
+export AIRLOCK_KUBE_BIN="$target_dir/kube/airlock"
 "$AIRLOCK_KUBE_BIN" kube install --print | diff -u <(grep -v '^#' deploy/namespace/airlock-jobs.yaml) - \
   || { echo "airlock kube install --print differs from deploy/namespace/airlock-jobs.yaml" >&2; exit 1; }
 lap "build with the kube feature"
@@ -88,7 +97,73 @@ if [ -n "$left" ]; then
 fi
 lap "fake cluster"
 
-# 4. A real cluster, when one is configured.
+# 4. The conformance suite on the kube backend, through the fake cluster as a process.
+log "conformance suite: kube, through the fake cluster"
+cargo build --locked -q -p airlock-kube --example fake_cluster
+cargo build --locked -q -p airlock-testkit --bins
+cargo nextest run --locked --no-run -p airlock-conformance >/dev/null 2>&1 \
+  || cargo nextest run --locked --no-run -p airlock-conformance
+# The probe in the test image, rebuilt only when the probe changes (its hash is a label).
+probe="$target_dir/debug/airlock-probe"
+probe_sum=$(sha256sum "$probe" | cut -d' ' -f1)
+probe_ref=airlock-test-probe:bookworm
+docker_() { DOCKER_HOST="unix://$socket" docker "$@"; }
+probe_id=$(docker_ image inspect "$probe_ref" --format '{{index .Config.Labels "airlock.probe-sha256"}} {{.Id}}' 2>/dev/null || true)
+base_id=${AIRLOCK_TEST_IMAGE##*@}
+if [ "${probe_id%% *}" != "$probe_sum" ] || [ "$(docker_ image inspect "$probe_ref" --format '{{index .Config.Labels "airlock.base"}}' 2>/dev/null)" != "$base_id" ]; then
+  log "adding the probe to the test image ($probe_ref)"
+  # Labelled as the fake kubelet's, so an interrupted run's leftover is removed above.
+  c=$(docker_ create --label airlock.kube-fake=true "$base_id" /bin/true)
+  docker_ cp "$probe" "$c:/usr/local/bin/airlock-probe"
+  docker_ commit --change "LABEL airlock.probe-sha256=$probe_sum" \
+    --change "LABEL airlock.base=$base_id" "$c" "$probe_ref" >/dev/null
+  docker_ rm -f "$c" >/dev/null
+fi
+probe_image="$probe_ref@$(docker_ image inspect "$probe_ref" --format '{{.Id}}')"
+# airlock's seccomp filter on the fake node, as an admin installs it on every node; the
+# suite's policy names it (seccomp_profile = "Localhost:airlock.json").
+mkdir -p /run/airlock-kube-fake/seccomp
+"$AIRLOCK_KUBE_BIN" kube seccomp-profile >/run/airlock-kube-fake/seccomp/airlock.json
+run_dir=$(mktemp -d /tmp/airlock-kube-conformance.XXXXXX)
+fake_pid=
+stop_fake() {
+  if [ -n "$fake_pid" ]; then
+    kill -TERM "$fake_pid" 2>/dev/null || true
+    wait "$fake_pid" 2>/dev/null || true
+    fake_pid=
+  fi
+  rm -rf "$run_dir"
+}
+trap stop_fake EXIT
+"$target_dir/debug/examples/fake_cluster" "$run_dir/kubeconfig" >"$run_dir/ready" 2>"$run_dir/fake.log" &
+fake_pid=$!
+for _ in $(seq 1 100); do
+  grep -q '^ready ' "$run_dir/ready" 2>/dev/null && break
+  kill -0 "$fake_pid" 2>/dev/null || { cat "$run_dir/fake.log" >&2; echo "the fake cluster exited" >&2; exit 1; }
+  sleep 0.1
+done
+grep -q '^ready ' "$run_dir/ready" || { echo "the fake cluster did not get ready" >&2; exit 1; }
+log "fake cluster $(cut -d' ' -f2 "$run_dir/ready") (pid $fake_pid), image $probe_image"
+status=0
+AIRLOCK_BIN="$AIRLOCK_KUBE_BIN" AIRLOCK_TEST_KUBECONFIG="$run_dir/kubeconfig" AIRLOCK_TEST_IMAGE="$probe_image" \
+  AIRLOCK_DOCKER_SOCKET="$socket" \
+  cargo nextest run --locked -p airlock-conformance -E 'test(/::kube::/)' --no-fail-fast \
+  --test-threads "${AIRLOCK_CONFORMANCE_THREADS:-4}" || status=1
+cp "$run_dir/fake.log" "$cache/kube-fake-cluster.log" 2>/dev/null || true
+stop_fake
+trap - EXIT
+left=$(docker_ ps -aq --filter label=airlock.kube-fake=true)
+if [ -n "$left" ]; then
+  echo "containers of the fake kubelet left behind: $left" >&2
+  status=1
+fi
+if [ "$status" != 0 ]; then
+  echo "conformance suite on kube FAILED (the fake cluster's log: $cache/kube-fake-cluster.log)" >&2
+  exit 1
+fi
+lap "conformance on kube"
+
+# 5. A real cluster, when one is configured.
 if [ -n "${KUBECONFIG:-}" ]; then
   log "real-cluster suite (KUBECONFIG=$KUBECONFIG)"
   cargo nextest run --locked -p airlock-kube --run-ignored only --no-fail-fast -E 'test(/::cluster::/)'

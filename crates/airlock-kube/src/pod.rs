@@ -6,7 +6,8 @@
 //! job costs exactly two API writes (create, delete). The program is started by a short
 //! `/bin/sh` wrapper that lowers rlimits Kubernetes has no field for, redirects stdin from
 //! its file, and execs `/usr/bin/env -i` with exactly the job's environment (the kubelet
-//! adds `KUBERNETES_SERVICE_*` and `HOSTNAME` to every container).
+//! adds `KUBERNETES_SERVICE_*` and `HOSTNAME` to every container). The image needs
+//! `/bin/sh`, `/usr/bin/env` and `/usr/bin/prlimit` (util-linux, in every Debian image).
 
 use std::collections::BTreeMap;
 
@@ -58,6 +59,14 @@ pub const STDIN_FILE: &str = "stdin";
 pub const SHELL: &str = "/bin/sh";
 /// Runs the program with exactly the job's environment (see the module doc).
 pub const ENV_WRAPPER: &str = "/usr/bin/env";
+/// Sets RLIMIT_CORE to exactly [`CORE_RLIMIT_BYTES`]: a shell's `ulimit -c` counts
+/// 512-byte blocks, so it cannot.
+pub const PRLIMIT: &str = "/usr/bin/prlimit";
+/// RLIMIT_CORE of the job: 1, not 0, as on the other backends (see
+/// `airlock_native::backend::CORE_RLIMIT_BYTES`): a node whose `kernel.core_pattern` is a
+/// pipe (systemd-coredump, apport) ignores a core limit of 0 and would receive the job's
+/// memory; 1 means "no dump" to a pipe, and is below a page for a file.
+pub const CORE_RLIMIT_BYTES: u64 = 1;
 /// File mode of a projected input file.
 pub const INPUT_FILE_MODE: i32 = 0o444;
 /// File mode of a projected executable input file.
@@ -182,8 +191,9 @@ pub fn wrapper_script(job: &JobSpec, inputs: &[Input], streams: KubeLogStreams) 
     let mut script = String::new();
     // Kubernetes has no field for rlimits; lowering them needs no privilege.
     let fsize_blocks = (limits.file_size.as_u64() / ULIMIT_BLOCK_BYTES).max(1);
+    // The core limit of the shell itself ($$), which execs the program.
     script.push_str(&format!(
-        "ulimit -n {} && ulimit -f {fsize_blocks} && ulimit -c 0 || {{ echo 'airlock: cannot set rlimits' >&2; exit 125; }}\n",
+        "ulimit -n {} && ulimit -f {fsize_blocks} && {PRLIMIT} --pid $$ --core={CORE_RLIMIT_BYTES}:{CORE_RLIMIT_BYTES} || {{ echo 'airlock: cannot set rlimits (the image needs {PRLIMIT})' >&2; exit 125; }}\n",
         limits.open_files
     ));
     if job.filesystem.workdir == WorkdirMode::Rw {

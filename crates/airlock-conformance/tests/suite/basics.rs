@@ -2,7 +2,7 @@
 
 use pretty_assertions::assert_eq;
 
-use super::common::Target;
+use super::common::{Kind, Target};
 
 conformance! {
     fn readme_hello_job_prints_45(t: &Target) {
@@ -18,6 +18,12 @@ conformance! {
             let image = std::env::var(super::common::IMAGE_ENV).unwrap();
             let digest = image.rsplit_once('@').unwrap().1;
             assert_eq!(run.obs["image_digest"], digest);
+        }
+        if t.kind == Kind::Kube {
+            // Each weaker control the policy accepted, named in every observation.
+            let degraded: Vec<&str> = run.obs["degraded"].as_array().unwrap().iter()
+                .map(|d| d.as_str().unwrap().split(':').next().unwrap()).collect();
+            assert_eq!(degraded, vec!["tmp_exec", "pids", "network_policy"]);
         }
         assert_eq!(run.code, 0);
         let audit = t.audit_lines();

@@ -1,19 +1,37 @@
 //! Nothing of a job survives it, whatever happens to it or to airlock: files, processes,
-//! containers, job directories.
+//! containers, job directories (kube: Pods; airlock keeps no directory on the host).
 
 use std::path::{Path, PathBuf};
 
 use pretty_assertions::assert_eq;
 
-use super::common::{Kind, Target, airlock_containers, eventually, host_pids_with, marker};
+use super::common::{
+    Kind, Target, airlock_containers, eventually, host_pids_with, kube_api, kube_pods,
+    kube_pods_of, marker,
+};
 
-/// Where a job's directory is on the host, per backend.
+/// Where a job's directory is on the host, per backend (kube has none).
 fn runtime_dir(kind: Kind) -> &'static Path {
     if kind.is_container() {
         Path::new("/run/airlock-docker")
     } else {
         Path::new("/run/airlock")
     }
+}
+
+/// The job id of the running Pod whose source carries `tag` (in its annotation).
+fn kube_running_job_with(tag: &str) -> Option<String> {
+    kube_pods().into_iter().find_map(|pod| {
+        let source = pod["metadata"]["annotations"]["airlock.dev/in-0"].as_str()?;
+        let running = pod["status"]["phase"] == "Running";
+        (running && source.contains(tag))
+            .then(|| {
+                pod["metadata"]["labels"]["airlock.job"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .flatten()
+    })
 }
 
 fn job_dir_with(kind: Kind, tag: &str) -> Option<PathBuf> {
@@ -28,13 +46,12 @@ fn job_dir_with(kind: Kind, tag: &str) -> Option<PathBuf> {
 
 /// Starts a long job carrying `tag` and waits until it runs (its directory exists, and
 /// for containers its container too).
-fn start_long_job(t: &Target, tag: &str) -> (std::process::Child, String) {
+fn start_long_job(t: &Target, tag: &str, policy: &Path) -> (std::process::Child, String) {
     let source = format!("import time\n# {tag}\nprint('started', flush=True)\ntime.sleep(1000)");
-    let policy = t.policy_with("timeout = \"60s\"", "", "");
     let child = t
         .cmd()
         .args(["run", "--json", "--backend", t.name(), "--policy"])
-        .arg(&policy)
+        .arg(policy)
         .args(["-c", &source, "--", tag])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -42,6 +59,13 @@ fn start_long_job(t: &Target, tag: &str) -> (std::process::Child, String) {
         .unwrap();
     let mut job = String::new();
     let started = eventually(30, || {
+        if t.kind == Kind::Kube {
+            let Some(id) = kube_running_job_with(tag) else {
+                return false;
+            };
+            job = id;
+            return !airlock_containers(t.kind, Some(&job)).is_empty();
+        }
         let Some(dir) = job_dir_with(t.kind, tag) else {
             return false;
         };
@@ -64,10 +88,20 @@ fn assert_nothing_left(t: &Target, tag: &str, job: &str) {
         "job processes survived: {:?}",
         host_pids_with(tag)
     );
-    assert!(
-        !runtime_dir(t.kind).join(job).exists(),
-        "job directory {job} left behind"
-    );
+    if t.kind == Kind::Kube {
+        // airlock returns once the Pod is gone from the API, which the kubelet allows only
+        // after it has stopped and removed the container.
+        assert_eq!(
+            kube_pods_of(job),
+            Vec::<serde_json::Value>::new(),
+            "pod of job {job} left behind"
+        );
+    } else {
+        assert!(
+            !runtime_dir(t.kind).join(job).exists(),
+            "job directory {job} left behind"
+        );
+    }
     if t.kind.is_container() {
         assert_eq!(
             airlock_containers(t.kind, Some(job)),
@@ -98,7 +132,7 @@ conformance! {
 
     fn sigterm_kills_the_job_cleans_up_and_audits(t: &Target) {
         let tag = marker("sigterm");
-        let (child, job) = start_long_job(t, &tag);
+        let (child, job) = start_long_job(t, &tag, &t.policy_with("timeout = \"60s\"", "", ""));
         rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::TERM).unwrap();
         let run = super::common::json_run(child.wait_with_output().unwrap());
         assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
@@ -116,7 +150,10 @@ conformance! {
 
     fn a_killed_airlock_is_swept_by_the_next_run(t: &Target) {
         let tag = marker("sigkill");
-        let (mut child, job) = start_long_job(t, &tag);
+        if t.kind == Kind::Kube {
+            return killed_airlock_leaves_its_pod_to_the_kubelet_deadline(t, &tag);
+        }
+        let (mut child, job) = start_long_job(t, &tag, &t.policy_with("timeout = \"60s\"", "", ""));
         child.kill().unwrap();
         child.wait().unwrap();
         // The next airlock run removes what the dead one left (or a test running in
@@ -127,6 +164,9 @@ conformance! {
     }
 
     fn a_container_that_fails_to_start_is_removed(t: &Target) {
+        if t.kind == Kind::Kube {
+            return a_pod_whose_image_is_missing_fails_and_is_removed(t);
+        }
         if t.kind != Kind::Docker {
             // Needs a runtime registered to fail (scripts/ci/docker.sh registers
             // `airlock-broken` = /bin/false with dockerd); the native backend has no
@@ -144,4 +184,81 @@ conformance! {
         assert!(message.contains("start container"), "{message}");
         assert_nothing_left(t, &tag, run.obs["job_id"].as_str().unwrap());
     }
+}
+
+/// kube's form of "swept by the next run": another airlock (a second `serve` replica) may
+/// own any running Pod, so the next run never deletes one; a Pod whose airlock died is
+/// ended by the kubelet at its `activeDeadlineSeconds` (timeout + `start_timeout` + 30 s),
+/// and its object deleted by the janitor a minute after that (docs/kube.md). The janitor's
+/// rule is unit-tested; this waits for the kubelet's end of it.
+fn killed_airlock_leaves_its_pod_to_the_kubelet_deadline(t: &Target, tag: &str) {
+    // The shortest backstop: a 3 s job, 5 s to start, so the kubelet ends it 38 s after
+    // its start.
+    let policy = t.kube_policy_with("timeout = \"3s\"", "start_timeout = \"5s\"\n");
+    let (mut child, job) = start_long_job(t, tag, &policy);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let run = t.run(&["-c", "pass"]);
+    assert_eq!(run.obs["ok"], true, "{:#}", run.obs);
+    let pods = kube_pods_of(&job);
+    assert_eq!(
+        pods.len(),
+        1,
+        "the next run touched the orphan pod: {pods:#?}"
+    );
+    let deadline = pods[0]["spec"]["activeDeadlineSeconds"].as_u64().unwrap();
+    assert_eq!(deadline, 3 + 5 + 30, "{:#}", pods[0]);
+    // Killed at the deadline, counted from the Pod's start (a few seconds ago).
+    let ended = eventually(deadline + 10, || {
+        kube_pods_of(&job)
+            .first()
+            .is_some_and(|p| p["status"]["phase"] == "Failed")
+    });
+    assert!(
+        ended,
+        "the kubelet never ended the orphan pod: {:#?}",
+        kube_pods_of(&job)
+    );
+    let pod = kube_pods_of(&job).remove(0);
+    assert_eq!(pod["status"]["reason"], "DeadlineExceeded", "{pod:#}");
+    assert_eq!(
+        host_pids_with(tag),
+        Vec::<u32>::new(),
+        "job processes survived"
+    );
+    assert_eq!(airlock_containers(t.kind, Some(&job)), Vec::<String>::new());
+    // What the janitor would do a minute later; the Pod object would outlive this test.
+    let name = pod["metadata"]["name"].as_str().unwrap();
+    kube_api(
+        "DELETE",
+        &format!(
+            "/api/v1/namespaces/{}/pods/{name}",
+            super::common::KUBE_NAMESPACE
+        ),
+    );
+    assert_eq!(kube_pods_of(&job), Vec::<serde_json::Value>::new());
+}
+
+/// kube's form of a container that fails to start: the node cannot get the image (the
+/// kubelet reports `ErrImagePull`). The job is an error naming the reason, and its Pod is
+/// deleted (no container was ever created).
+fn a_pod_whose_image_is_missing_fails_and_is_removed(t: &Target) {
+    let missing = format!("airlock-kube-absent:1@sha256:{}", "e".repeat(64));
+    let policy = t.path().join("missing-image.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = \"test-1\"\n[filesystem]\nrootfs = \"image:{missing}\"\n{}",
+            t.kube_section()
+        ),
+    )
+    .unwrap();
+    let tag = marker("nostart");
+    let source = format!("# {tag}\nprint('never')");
+    let run = t.run_with(&policy, &["-c", &source]);
+    assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+    assert_eq!(run.obs["error"]["kind"], "internal", "{:#}", run.obs);
+    let message = run.obs["error"]["message"].as_str().unwrap();
+    assert!(message.contains("ErrImagePull"), "{message}");
+    assert_nothing_left(t, &tag, run.obs["job_id"].as_str().unwrap());
 }

@@ -12,6 +12,10 @@ pub enum Kind {
     Docker,
     Gvisor,
     Podman,
+    /// The Kubernetes backend, through the fake cluster of airlock-kube's tests (an API
+    /// server and a kubelet running each Pod as a container on the local Docker daemon),
+    /// started by `scripts/ci/kube.sh` as its example `fake_cluster`.
+    Kube,
 }
 
 impl Kind {
@@ -21,12 +25,84 @@ impl Kind {
             Kind::Docker => "docker",
             Kind::Gvisor => "gvisor",
             Kind::Podman => "podman",
+            Kind::Kube => "kube",
         }
     }
 
+    /// Whether the job runs from an image, in a container on the Docker or Podman daemon of
+    /// this host (kube: the fake kubelet's).
     pub fn is_container(self) -> bool {
         self != Kind::Native
     }
+}
+
+/// `$AIRLOCK_TEST_KUBECONFIG`: the kubeconfig of the running fake cluster (the `kube`
+/// backend's checks run only when it is set; `scripts/ci/kube.sh` sets it).
+pub const KUBECONFIG_ENV: &str = "AIRLOCK_TEST_KUBECONFIG";
+/// The namespace of the kube policy (the fake API server has one store for all).
+pub const KUBE_NAMESPACE: &str = "airlock-jobs";
+/// The seccomp profile the kube policy names: airlock's own filter, which
+/// `scripts/ci/kube.sh` installs in the fake node's seccomp directory from
+/// `airlock kube seccomp-profile`, as an admin installs it on every node.
+pub const KUBE_SECCOMP_PROFILE: &str = "Localhost:airlock.json";
+/// The label of the fake kubelet's containers (airlock-kube's `fake::kubelet::LABEL_FAKE`).
+pub const KUBE_FAKE_LABEL: &str = "airlock.kube-fake";
+
+pub fn kubeconfig() -> Option<PathBuf> {
+    std::env::var_os(KUBECONFIG_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Whether `bin` was built with the kube backend (it then has the `kube` subcommand).
+fn has_kube_backend(bin: &Path) -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| {
+        Command::new(bin)
+            .args(["kube", "--help"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The fake cluster's API server, `http://127.0.0.1:PORT`, from its kubeconfig.
+pub fn kube_server() -> String {
+    let path = kubeconfig().expect("AIRLOCK_TEST_KUBECONFIG");
+    let text = std::fs::read_to_string(&path).expect("read the kubeconfig");
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .map(|s| s.trim().to_owned())
+        .expect("a server in the kubeconfig")
+}
+
+/// A request to the fake API server, with curl (the suite has no HTTP client of its own);
+/// the answer's JSON.
+pub fn kube_api(method: &str, path: &str) -> Value {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-X", method])
+        .arg(format!("{}{path}", kube_server()))
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "{method} {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the API server answers JSON")
+}
+
+/// Every Pod in the kube policy's namespace.
+pub fn kube_pods() -> Vec<Value> {
+    let list = kube_api("GET", &format!("/api/v1/namespaces/{KUBE_NAMESPACE}/pods"));
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The Pods of one job (label `airlock.job`).
+pub fn kube_pods_of(job: &str) -> Vec<Value> {
+    kube_pods()
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["airlock.job"] == job)
+        .collect()
 }
 
 /// `$AIRLOCK_TEST_IMAGE`: the image container backends run, `REF@sha256:…` (the CI script
@@ -84,6 +160,22 @@ pub fn unavailable(kind: Kind) -> Option<String> {
     if !airlock_testkit::require::is_root() {
         return Some(format!("the {} backend needs root here", kind.name()));
     }
+    if kind == Kind::Kube {
+        let Some(kubeconfig) = kubeconfig() else {
+            return Some(format!(
+                "{KUBECONFIG_ENV} is not set (scripts/ci/kube.sh starts the fake cluster and sets it)"
+            ));
+        };
+        if !kubeconfig.is_file() {
+            return Some(format!("no kubeconfig at {}", kubeconfig.display()));
+        }
+        if !has_kube_backend(&airlock_bin()) {
+            return Some(format!(
+                "{} was built without the kube backend (cargo build -p airlock-cli --features kube; set AIRLOCK_BIN)",
+                airlock_bin().display()
+            ));
+        }
+    }
     if kind.is_container() {
         if std::env::var(IMAGE_ENV).map_or(true, |v| v.is_empty()) {
             return Some(format!(
@@ -139,6 +231,16 @@ impl Target {
     /// A policy file: `limits` lines under `[limits]`, `filesystem` lines under
     /// `[filesystem]` (after the backend's rootfs), `extra` as given.
     pub fn policy_with(&self, limits: &str, filesystem: &str, extra: &str) -> PathBuf {
+        self.write_policy(limits, filesystem, extra, "")
+    }
+
+    /// [`Target::policy_with`] with `kube` lines added to the `[kube]` section (kube only).
+    pub fn kube_policy_with(&self, limits: &str, kube: &str) -> PathBuf {
+        assert_eq!(self.kind, Kind::Kube);
+        self.write_policy(limits, "", "", kube)
+    }
+
+    fn write_policy(&self, limits: &str, filesystem: &str, extra: &str, kube: &str) -> PathBuf {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         let mut images = String::new();
@@ -155,7 +257,8 @@ impl Target {
         };
         let text = format!(
             "version = \"test-1\"\n[limits]\n{limits}\n[filesystem]\n{rootfs}\n{filesystem}\n\
-             [docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{images}{extra}\n",
+             {}{kube}[docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{images}{extra}\n",
+            self.kube_section(),
             docker_socket().display().to_string(),
             podman_socket().display().to_string(),
         );
@@ -169,6 +272,23 @@ impl Target {
 
     pub fn policy(&self) -> PathBuf {
         self.policy_with("", "", "")
+    }
+
+    /// The `[kube]` section of the kube backend's policies (empty for the others): the
+    /// fake cluster's kubeconfig; the image is the rootfs image, as for the other container
+    /// backends; both log streams (the fake API server honours `stream=`); airlock's own
+    /// seccomp filter as a node-local profile; and the weaker controls a Pod gives, each
+    /// accepted by name (docs/kube.md), so every observation lists them.
+    pub fn kube_section(&self) -> String {
+        if self.kind != Kind::Kube {
+            return String::new();
+        }
+        format!(
+            "[kube]\nkubeconfig = {:?}\nnamespace = {KUBE_NAMESPACE:?}\nlog_streams = \"split\"\n\
+             seccomp_profile = {KUBE_SECCOMP_PROFILE:?}\n\
+             allow_degraded = [\"tmp_exec\", \"pids\", \"network_policy\"]\n",
+            kubeconfig().unwrap_or_default().display().to_string(),
+        )
     }
 
     /// `airlock` with this test's state directory and nothing else of ours in its env.
@@ -251,21 +371,22 @@ pub fn host_pids_with(needle: &str) -> Vec<u32> {
 
 /// Containers of airlock (label `airlock.managed`) on a daemon, as `docker ps -aq` lists
 /// them, optionally only those of one job.
+/// The kube backend's containers are the fake kubelet's (label `airlock.kube-fake`): airlock
+/// itself creates Pods, never containers.
 pub fn airlock_containers(kind: Kind, job: Option<&str>) -> Vec<String> {
     let socket = if kind == Kind::Podman {
         podman_socket()
     } else {
         docker_socket()
     };
+    let label = if kind == Kind::Kube {
+        format!("label={KUBE_FAKE_LABEL}=true")
+    } else {
+        "label=airlock.managed=true".to_owned()
+    };
     let mut cmd = Command::new("docker");
     cmd.env("DOCKER_HOST", format!("unix://{}", socket.display()))
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            "label=airlock.managed=true",
-        ]);
+        .args(["ps", "-aq", "--no-trunc", "--filter", &label]);
     if let Some(job) = job {
         cmd.arg("--filter").arg(format!("label=airlock.job={job}"));
     }
@@ -361,6 +482,7 @@ macro_rules! conformance {
         conformance!(@backend docker, Docker, $($name)*);
         conformance!(@backend gvisor, Gvisor, $($name)*);
         conformance!(@backend podman, Podman, $($name)*);
+        conformance!(@backend kube, Kube, $($name)*);
     };
     (@backend $module:ident, $kind:ident, $($name:ident)*) => {
         mod $module {

@@ -27,6 +27,27 @@ const THREAD_COUNTER: &str = "import threading, time\n\
                               except RuntimeError as e:\n\
                               \x20   print(n, 'no thread')";
 
+/// kube: a Pod has no pids limit of its own (docs/kube.md, `pids` in `allow_degraded`), so
+/// `--pids 16` is not held per job; the node's kubelet `podPidsLimit` is (the fake kubelet's
+/// is 1024). The observation says so, and the job is not held at 16: this check fails the
+/// day a per-job limit appears, so that the documentation changes with it.
+fn assert_pids_degraded(t: &Target) {
+    let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", THREAD_COUNTER]);
+    assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+    let degraded: Vec<&str> = run.obs["degraded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d.as_str())
+        .collect();
+    assert!(
+        degraded.iter().any(|d| d.starts_with("pids:")),
+        "{degraded:?}"
+    );
+    // No exception: all 1000 threads started.
+    assert_eq!(run.obs["stdout"], "", "{:#}", run.obs);
+}
+
 conformance! {
     fn wall_time_kills_a_busy_loop_within_timeout_plus_one_second(t: &Target) {
         let started = Instant::now();
@@ -42,6 +63,8 @@ conformance! {
             // Podman creates and removes containers slowly (2-4 s each under the suite's
             // parallel load); the job's own duration is checked below.
             Kind::Podman => 20,
+            // A Pod's creation and the wait for its deletion, through the fake cluster.
+            Kind::Kube => 6,
         };
         assert!(elapsed < Duration::from_secs(slack), "took {elapsed:?}");
         let duration = run.obs["duration_ms"].as_u64().unwrap();
@@ -82,22 +105,30 @@ conformance! {
     }
 
     fn fork_bomb_is_held_at_the_pids_limit(t: &Target) {
-        let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", FORK_COUNTER]);
-        assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
-        assert_eq!(run.obs["stdout"], "16 11\n", "processes held, errno EAGAIN");
+        if t.kind == Kind::Kube {
+            assert_pids_degraded(t);
+        } else {
+            let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", FORK_COUNTER]);
+            assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+            assert_eq!(run.obs["stdout"], "16 11\n", "processes held, errno EAGAIN");
+        }
         // A real bomb: every child forks too. It ends at the wall clock, leaving nothing.
         let tag = marker("bomb");
         let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass";
         let run = t.run(&["--timeout", "2s", "-c", bomb, "--", &tag]);
         // gVisor at the default 256 MiB: 64 forked interpreters use more memory in its
-        // kernel than in Linux, so the bomb may end as oom before the clock runs out.
+        // kernel than in Linux, so the bomb may end as oom before the clock runs out; on
+        // kube only the node's pids limit holds it, far above 64.
         let outcome = run.obs["outcome"].as_str().unwrap();
-        let allowed: &[&str] = if t.kind == Kind::Gvisor { &["timeout", "oom"] } else { &["timeout"] };
+        let allowed: &[&str] = if matches!(t.kind, Kind::Gvisor | Kind::Kube) { &["timeout", "oom"] } else { &["timeout"] };
         assert!(allowed.contains(&outcome), "{:#}", run.obs);
         assert_eq!(host_pids_with(&tag), Vec::<u32>::new(), "bomb processes survived");
     }
 
     fn thread_bomb_is_held_at_the_pids_limit(t: &Target) {
+        if t.kind == Kind::Kube {
+            return assert_pids_degraded(t);
+        }
         let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", THREAD_COUNTER]);
         assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
         assert_eq!(run.obs["stdout"], "16 no thread\n", "threads held");

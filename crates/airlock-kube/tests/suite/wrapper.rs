@@ -58,13 +58,18 @@ fn rlimits_are_lowered_and_stdin_is_empty() {
     job.argv = vec![
         "/bin/sh".into(),
         "-c".into(),
-        "ulimit -n; ulimit -f; ulimit -c; cat; echo end".into(),
+        // `ulimit -c` would show 1 byte as 0 blocks.
+        "ulimit -n; ulimit -f; grep '^Max core' /proc/self/limits | tr -s ' '; cat; echo end"
+            .into(),
     ];
     let (stdout, _) = run(&job, KubeLogStreams::Merged);
     let blocks = job.limits.file_size.as_u64() / 512;
     assert_eq!(
         stdout,
-        format!("{}\n{blocks}\n0\nend\n", job.limits.open_files)
+        format!(
+            "{}\n{blocks}\nMax core file size 1 1 bytes \nend\n",
+            job.limits.open_files
+        )
     );
 }
 

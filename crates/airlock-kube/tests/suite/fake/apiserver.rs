@@ -44,6 +44,9 @@ pub struct Inner {
 }
 
 pub struct State {
+    /// This cluster's id, a label of every container its kubelet creates, so that one
+    /// cluster's shutdown removes its own containers only (tests run several at once).
+    pub instance: String,
     pub inner: Mutex<Inner>,
     pub events: broadcast::Sender<Event>,
     /// Bumped on every log append.
@@ -111,7 +114,14 @@ fn query(req: &Request<Incoming>) -> HashMap<String, String> {
 
 impl State {
     pub fn new() -> Arc<Self> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static CLUSTERS: AtomicU64 = AtomicU64::new(0);
         Arc::new(Self {
+            instance: format!(
+                "{}-{}",
+                std::process::id(),
+                CLUSTERS.fetch_add(1, Ordering::Relaxed)
+            ),
             inner: Mutex::new(Inner::default()),
             events: broadcast::channel(4096).0,
             tick: watch::channel(0).0,

@@ -24,6 +24,11 @@ pub const VOLUME_ROOT: &str = "/run/airlock-kube-fake";
 /// The label of the fake kubelet's containers (never `airlock.managed`: the Docker
 /// backend's sweep must not take them for its own).
 pub const LABEL_FAKE: &str = "airlock.kube-fake";
+/// The label naming the fake cluster a container belongs to ([`State::instance`]).
+pub const LABEL_INSTANCE: &str = "airlock.kube-fake.instance";
+/// This node's seccomp directory (a kubelet's `<root-dir>/seccomp`): a Pod's
+/// `seccompProfile: {type: Localhost, localhostProfile: P}` is the file `SECCOMP_ROOT/P`.
+pub const SECCOMP_ROOT: &str = "/run/airlock-kube-fake/seccomp";
 
 /// Runs every Pod that is created.
 pub async fn run(
@@ -50,7 +55,7 @@ pub async fn run(
                 if let Err(reason) = run_pod(&state, &docker, event.pod).await {
                     eprintln!("fake kubelet: pod {name}: {reason}");
                 }
-                let _ = std::fs::remove_dir_all(Path::new(VOLUME_ROOT).join(&name));
+                release_volumes(&name);
             });
         }
     }
@@ -75,7 +80,53 @@ fn cpu_nanos(text: &str) -> i64 {
     }
 }
 
-/// Writes the Pod's downward API volumes as files; returns volume name → host dir.
+/// Mounts a memory-backed emptyDir as a kubelet does: a tmpfs of its size limit on the
+/// node, with no nosuid, nodev or noexec, world-writable (mode 1777), bound into the
+/// container. (Docker's own tmpfs mounts would add nosuid and nodev, and take the mode of
+/// the directory they cover, which for the working directory is root's 0755.)
+fn mount_tmpfs(dir: &Path, size: i64) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=1777"),
+            "tmpfs",
+        ])
+        .arg(dir)
+        .output()
+        .map_err(|e| format!("mount: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mount tmpfs on {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// Unmounts and removes a Pod's volumes on this node.
+pub fn release_volumes(pod: &str) {
+    let root = Path::new(VOLUME_ROOT).join(pod);
+    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
+        // Field 5 is the mount point; ours have no characters mountinfo escapes.
+        let mut points: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| Path::new(p).starts_with(&root))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for point in points {
+            let _ = std::process::Command::new("umount").arg(point).status();
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Writes the Pod's downward API volumes as files and mounts its emptyDirs; returns volume
+/// name → host dir.
 fn project_volumes(pod: &Pod) -> Result<HashMap<String, PathBuf>, String> {
     use std::os::unix::fs::PermissionsExt;
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -88,10 +139,22 @@ fn project_volumes(pod: &Pod) -> Result<HashMap<String, PathBuf>, String> {
         .into_iter()
         .flatten()
     {
+        let dir = Path::new(VOLUME_ROOT).join(&name).join(&volume.name);
+        if let Some(empty) = &volume.empty_dir {
+            if empty.medium.as_deref() != Some("Memory") {
+                return Err(format!("emptyDir {} is not memory-backed", volume.name));
+            }
+            let size = empty
+                .size_limit
+                .as_ref()
+                .map_or(64 << 20, |q| quantity_bytes(&q.0));
+            mount_tmpfs(&dir, size)?;
+            dirs.insert(volume.name.clone(), dir);
+            continue;
+        }
         let Some(downward) = &volume.downward_api else {
             continue;
         };
-        let dir = Path::new(VOLUME_ROOT).join(&name).join(&volume.name);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         for item in downward.items.iter().flatten() {
             let field = &item
@@ -117,6 +180,7 @@ fn project_volumes(pod: &Pod) -> Result<HashMap<String, PathBuf>, String> {
 }
 
 fn container_body(
+    instance: &str,
     pod: &Pod,
     c: &Container,
     image_id: &str,
@@ -125,12 +189,27 @@ fn container_body(
     let spec = pod.spec.as_ref().unwrap();
     let sc = c.security_context.clone().unwrap_or_default();
     let psc = spec.security_context.clone().unwrap_or_default();
-    if sc
+    let mut security_opt = Vec::new();
+    // The container's profile, else the Pod's; none at all is refused (a kubelet would run
+    // the container unconfined, which airlock never asks for).
+    let seccomp = sc
         .seccomp_profile
         .as_ref()
-        .is_some_and(|p| p.type_ != "RuntimeDefault")
-    {
-        return Err("the fake kubelet runs RuntimeDefault seccomp only".into());
+        .or(psc.seccomp_profile.as_ref())
+        .ok_or("no seccomp profile")?;
+    match (seccomp.type_.as_str(), seccomp.localhost_profile.as_deref()) {
+        // Docker's default profile stands in for the runtime's.
+        ("RuntimeDefault", _) => {}
+        ("Localhost", Some(path))
+            if !path.starts_with('/') && !path.split('/').any(|s| s == "..") =>
+        {
+            let file = Path::new(SECCOMP_ROOT).join(path);
+            let profile = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot load seccomp profile {}: {e}", file.display()))?;
+            // The Engine API takes the profile's JSON itself.
+            security_opt.push(format!("seccomp={profile}"));
+        }
+        (kind, path) => return Err(format!("unsupported seccomp profile {kind} {path:?}")),
     }
     let uid = sc.run_as_user.or(psc.run_as_user).unwrap_or(0);
     let gid = sc.run_as_group.or(psc.run_as_group).unwrap_or(0);
@@ -143,7 +222,6 @@ fn container_body(
         .and_then(|r| r.limits.clone())
         .unwrap_or_default();
     let memory = limits.get("memory").map(|q| quantity_bytes(&q.0));
-    let mut tmpfs = HashMap::new();
     let mut binds = Vec::new();
     for m in c.volume_mounts.iter().flatten() {
         let volume = spec
@@ -152,20 +230,21 @@ fn container_body(
             .flatten()
             .find(|v| v.name == m.name)
             .ok_or("mount of a missing volume")?;
-        if let Some(dir) = &volume.empty_dir {
-            // As a kubelet mounts a memory-backed emptyDir: size only, exec allowed.
-            let size = dir
-                .size_limit
-                .as_ref()
-                .map_or(64 << 20, |q| quantity_bytes(&q.0));
-            tmpfs.insert(m.mount_path.clone(), format!("rw,exec,size={size}"));
-        } else if let Some(dir) = volumes.get(&m.name) {
-            binds.push(format!("{}:{}:ro", dir.display(), m.mount_path));
+        if let Some(dir) = volumes.get(&m.name) {
+            let mode = if m.read_only == Some(true) || volume.downward_api.is_some() {
+                "ro"
+            } else {
+                "rw"
+            };
+            binds.push(format!("{}:{}:{mode}", dir.display(), m.mount_path));
         } else {
             return Err(format!("unsupported volume {}", m.name));
         }
     }
-    let mut labels = HashMap::from([(LABEL_FAKE.to_owned(), "true".to_owned())]);
+    let mut labels = HashMap::from([
+        (LABEL_FAKE.to_owned(), "true".to_owned()),
+        (LABEL_INSTANCE.to_owned(), instance.to_owned()),
+    ]);
     if let Some(job) = pod
         .metadata
         .labels
@@ -174,7 +253,6 @@ fn container_body(
     {
         labels.insert("airlock.job".to_owned(), job.clone());
     }
-    let mut security_opt = Vec::new();
     if sc.allow_privilege_escalation == Some(false) {
         security_opt.push("no-new-privileges".to_owned());
     }
@@ -199,7 +277,6 @@ fn container_body(
         host_config: Some(HostConfig {
             network_mode: Some("none".to_owned()),
             readonly_rootfs: sc.read_only_root_filesystem,
-            tmpfs: Some(tmpfs),
             binds: Some(binds),
             cap_drop: sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
             cap_add: sc.capabilities.as_ref().and_then(|c| c.add.clone()),
@@ -234,7 +311,7 @@ async fn run_pod(state: &State, docker: &Docker, pod: Pod) -> Result<(), String>
         }
     };
     let volumes = project_volumes(&pod)?;
-    let body = match container_body(&pod, &c, &checked.id, &volumes) {
+    let body = match container_body(&state.instance, &pod, &c, &checked.id, &volumes) {
         Ok(body) => body,
         Err(e) => {
             waiting(state, &name, "CreateContainerConfigError", &e);
@@ -242,7 +319,7 @@ async fn run_pod(state: &State, docker: &Docker, pod: Pod) -> Result<(), String>
         }
     };
     let container = format!("{name}-job");
-    docker
+    if let Err(e) = docker
         .create_container(
             Some(CreateContainerOptions {
                 name: Some(container.clone()),
@@ -251,7 +328,11 @@ async fn run_pod(state: &State, docker: &Docker, pod: Pod) -> Result<(), String>
             body,
         )
         .await
-        .map_err(|e| e.to_string())?;
+    {
+        // As a kubelet reports a container the runtime would not create.
+        waiting(state, &name, "CreateContainerError", &e.to_string());
+        return Ok(());
+    }
     let result = supervise(state, docker, &pod, &container).await;
     let _ = airlock_docker::cleanup::remove(docker, &container).await;
     result
@@ -394,4 +475,33 @@ async fn supervise(
         state.remove(&name);
     }
     Ok(())
+}
+
+/// Removes every container of the fake cluster `instance` (its shutdown), returning how many.
+#[allow(dead_code)] // by examples/fake_cluster.rs; the tests' clusters end with their test
+pub async fn remove_all(docker: &Docker, instance: &str) -> Result<usize, String> {
+    use bollard::query_parameters::ListContainersOptions;
+    let filters = HashMap::from([(
+        "label".to_owned(),
+        vec![
+            format!("{LABEL_FAKE}=true"),
+            format!("{LABEL_INSTANCE}={instance}"),
+        ],
+    )]);
+    let containers = docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut removed = 0;
+    for id in containers.into_iter().filter_map(|c| c.id) {
+        airlock_docker::cleanup::remove(docker, &id)
+            .await
+            .map_err(|e| e.to_string())?;
+        removed += 1;
+    }
+    Ok(removed)
 }

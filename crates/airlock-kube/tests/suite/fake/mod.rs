@@ -3,14 +3,18 @@
 //! follow, `limitBytes` and `stream`), and a test "kubelet" that runs each Pod as a real
 //! container on this machine's Docker daemon, mapping the Pod's fields to the container
 //! (read-only root, uid/gid, capabilities, no-new-privileges, memory, CPU, a node-wide
-//! pids limit like the kubelet's `podPidsLimit`, memory-backed emptyDirs as tmpfs without
-//! `noexec`, downward API files as read-only binds), writing the status back and serving
-//! the logs.
+//! pids limit like the kubelet's `podPidsLimit`, memory-backed emptyDirs as a kubelet
+//! mounts them (a tmpfs of the size limit on the node, mode 1777, no `noexec`, `nosuid` or
+//! `nodev`, bound in), downward API files as read-only binds, `seccompProfile` RuntimeDefault
+//! as Docker's default profile and Localhost from [`kubelet::SECCOMP_ROOT`]), writing the
+//! status back and serving the logs.
 //!
 //! What it does not model: scheduling, image pulls (the image must be in the local store),
 //! Pod networking (containers get no network at all, where a real Pod has an interface
 //! whose egress the namespace's NetworkPolicy denies), admission (Pod Security is checked
 //! by the unit tests), graceful termination (deletion kills with SIGKILL at once).
+//!
+//! `examples/fake_cluster.rs` runs it as a process of its own (this same source).
 
 pub mod apiserver;
 pub mod kubelet;

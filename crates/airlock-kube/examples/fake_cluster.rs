@@ -1,0 +1,74 @@
+//! The end-to-end tests' fake cluster (`tests/suite/fake`: an API server on 127.0.0.1 and a
+//! test kubelet running each Pod as a container on the local Docker daemon) as a process of
+//! its own, for suites that run the `airlock` binary against it for a while: the
+//! conformance suite's `kube` backend, started by `scripts/ci/kube.sh`.
+//!
+//! `fake_cluster KUBECONFIG` starts the cluster, writes a kubeconfig naming it to
+//! KUBECONFIG, prints `ready http://127.0.0.1:PORT` on stdout, and runs until SIGTERM or
+//! SIGINT; then it removes every container its kubelet created (and only those: they carry
+//! its instance label) and exits. Needs root (the kubelet writes Pod volumes under /run).
+//! The Docker socket is `$AIRLOCK_DOCKER_SOCKET`, else /var/run/docker.sock.
+//!
+//! The same source as the tests' (`#[path]`), so the two never drift apart.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/suite/fake/mod.rs"]
+#[allow(dead_code)] // the tests use more of it than this process does
+mod fake;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use tokio::signal::unix::{SignalKind, signal};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    let (Some(kubeconfig), None) = (args.next(), args.next()) else {
+        eprintln!("usage: fake_cluster KUBECONFIG");
+        return std::process::ExitCode::from(2);
+    };
+    let socket = std::env::var_os("AIRLOCK_DOCKER_SOCKET")
+        .map_or_else(|| PathBuf::from("/var/run/docker.sock"), PathBuf::from);
+    // Subscribed before the cluster exists, so a signal during start-up is not lost.
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+
+    let cluster = fake::FakeCluster::start(&socket).await;
+    cluster.write_kubeconfig(PathBuf::from(kubeconfig).as_path());
+    println!("ready http://{}", cluster.addr);
+    std::io::stdout().flush().expect("stdout");
+
+    tokio::select! {
+        _ = term.recv() => eprintln!("fake cluster: SIGTERM"),
+        _ = int.recv() => eprintln!("fake cluster: SIGINT"),
+    }
+    // Stop serving and running Pods first, so nothing new starts while removing.
+    let instance = cluster.state.instance.clone();
+    let pods = cluster.state.pod_names();
+    drop(cluster);
+    let docker = airlock_docker::cleanup::connect(&socket).expect("docker client");
+    let mut removed = 0;
+    // Twice: a Pod's task may have had a create request in flight during the first pass.
+    for pass in 0..2 {
+        if pass > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        match fake::kubelet::remove_all(&docker, &instance).await {
+            Ok(n) => removed += n,
+            Err(e) => {
+                eprintln!("fake cluster: cannot remove its containers: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    for pod in &pods {
+        fake::kubelet::release_volumes(pod);
+    }
+    eprintln!(
+        "fake cluster: stopped; {} pod(s) in its API, {removed} container(s) removed",
+        pods.len()
+    );
+    std::process::ExitCode::SUCCESS
+}
