@@ -132,6 +132,7 @@ stop_fake() {
     wait "$fake_pid" 2>/dev/null || true
     fake_pid=
   fi
+  cp "$run_dir/fake.log" "$cache/kube-fake-cluster.log" 2>/dev/null || true
   rm -rf "$run_dir"
 }
 trap stop_fake EXIT
@@ -149,12 +150,12 @@ AIRLOCK_BIN="$AIRLOCK_KUBE_BIN" AIRLOCK_TEST_KUBECONFIG="$run_dir/kubeconfig" AI
   AIRLOCK_DOCKER_SOCKET="$socket" \
   cargo nextest run --locked -p airlock-conformance -E 'test(/::kube::/)' --no-fail-fast \
   --test-threads "${AIRLOCK_CONFORMANCE_THREADS:-4}" || status=1
-cp "$run_dir/fake.log" "$cache/kube-fake-cluster.log" 2>/dev/null || true
 stop_fake
 trap - EXIT
 left=$(docker_ ps -aq --filter label=airlock.kube-fake=true)
 if [ -n "$left" ]; then
-  echo "containers of the fake kubelet left behind: $left" >&2
+  echo "containers of the fake kubelet left behind:" >&2
+  docker_ ps -a --filter label=airlock.kube-fake=true >&2
   status=1
 fi
 if [ "$status" != 0 ]; then

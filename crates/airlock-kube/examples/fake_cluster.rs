@@ -47,27 +47,36 @@ async fn main() -> std::process::ExitCode {
     // Stop serving and running Pods first, so nothing new starts while removing.
     let instance = cluster.state.instance.clone();
     let pods = cluster.state.pod_names();
+    // A Pod deleted while its kubelet task still waited for the daemon has volumes left.
+    let ever = cluster.state.pods_ever();
     drop(cluster);
     let docker = airlock_docker::cleanup::connect(&socket).expect("docker client");
     let mut removed = 0;
-    // Twice: a Pod's task may have had a create request in flight during the first pass.
-    for pass in 0..2 {
-        if pass > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
+    // Until none is left: a Pod's task may have had a create request in flight, and the
+    // daemon may take a while to kill a container of many processes.
+    let deadline = std::time::Instant::now() + fake::kubelet::REMOVE_TIMEOUT;
+    loop {
         match fake::kubelet::remove_all(&docker, &instance).await {
+            // None listed any more: all gone.
+            Ok(0) => break,
+            Ok(_) if std::time::Instant::now() > deadline => {
+                eprintln!("fake cluster: its containers are still there");
+                return std::process::ExitCode::FAILURE;
+            }
             Ok(n) => removed += n,
-            Err(e) => {
+            Err(e) if std::time::Instant::now() > deadline => {
                 eprintln!("fake cluster: cannot remove its containers: {e}");
                 return std::process::ExitCode::FAILURE;
             }
+            Err(e) => eprintln!("fake cluster: removing its containers: {e}"),
         }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
-    for pod in &pods {
+    for pod in &ever {
         fake::kubelet::release_volumes(pod);
     }
     eprintln!(
-        "fake cluster: stopped; {} pod(s) in its API, {removed} container(s) removed",
+        "fake cluster: stopped; {} pod(s) in its API, {removed} removal(s) of containers",
         pods.len()
     );
     std::process::ExitCode::SUCCESS

@@ -31,8 +31,11 @@ pub const WATCH_TIMEOUT_SECS: u32 = 290;
 /// Longest wait for the log streams to end once the container ended.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait for the Pod to be gone after the delete (the kubelet stops a running
-/// container first).
-pub const DELETE_WAIT: Duration = Duration::from_secs(15);
+/// container first). Long, because returning earlier reports a job as ended while its
+/// processes may still run: with no per-job pids limit (`pids`, degraded) a fork bomb
+/// grows to the node's limit, and at 1024 processes thrashing at the memory limit it took
+/// the runtime from 15 s to over a minute to kill on a 2-core CI machine.
+pub const DELETE_WAIT: Duration = Duration::from_secs(60);
 /// Grace period of the delete: the kubelet sends SIGTERM, then SIGKILL after this.
 pub const DELETE_GRACE_SECS: u32 = 1;
 /// Bytes read from a log stream at a time.

@@ -188,6 +188,20 @@ impl State {
         self.inner.lock().unwrap().writes.clone()
     }
 
+    /// Every Pod this API server ever had, deleted ones included.
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn pods_ever(&self) -> Vec<String> {
+        let inner = self.inner.lock().unwrap();
+        let mut names: Vec<String> = inner
+            .history
+            .iter()
+            .filter_map(|e| e.pod.metadata.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     pub fn pod_names(&self) -> Vec<String> {
         self.inner.lock().unwrap().pods.keys().cloned().collect()
     }

@@ -17,8 +17,11 @@ use serde_json::json;
 
 use super::apiserver::{State, is_deleted};
 
-/// The node-wide pids limit of every Pod (a kubelet's `podPidsLimit`; a Pod spec has none).
-pub const POD_PIDS_LIMIT: i64 = 1024;
+/// The node-wide pids limit of every Pod (a kubelet's `podPidsLimit`; a Pod spec has none),
+/// small, as a node for airlock's jobs should set it (docs/kube.md): at 1024, a fork bomb
+/// of a thousand interpreters thrashing at the memory limit took the daemon over a minute
+/// to kill on a 2-core CI machine.
+pub const POD_PIDS_LIMIT: i64 = 128;
 /// Where downward API volumes are written on this "node".
 pub const VOLUME_ROOT: &str = "/run/airlock-kube-fake";
 /// The label of the fake kubelet's containers (never `airlock.managed`: the Docker
@@ -338,6 +341,32 @@ async fn run_pod(state: &State, docker: &Docker, pod: Pod) -> Result<(), String>
     result
 }
 
+/// Longest wait for the daemon to remove a container.
+pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Force-removes a container and waits until the daemon no longer has it. An error leaves
+/// the Pod in place (its deletion then never completes), as a kubelet that cannot stop a
+/// container does.
+async fn remove_until_gone(docker: &Docker, container: &str) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
+    loop {
+        if let Err(e) = airlock_docker::cleanup::remove(docker, container).await {
+            eprintln!("fake kubelet: remove {container}: {e}");
+        }
+        match docker.inspect_container(container, None).await {
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Ok(()),
+            Ok(_) | Err(_) if tokio::time::Instant::now() >= deadline => {
+                return Err(format!(
+                    "container {container} still there after {REMOVE_TIMEOUT:?}"
+                ));
+            }
+            Ok(_) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// SIGKILL, from a task of its own: the daemon may hold the kill until the container's
 /// output is drained, which this loop must keep doing meanwhile.
 fn kill(docker: &Docker, container: &str) {
@@ -458,8 +487,10 @@ async fn supervise(
         "Error"
     };
     let finished = k8s_openapi::jiff::Timestamp::now();
-    // The container is gone before the status says so, as with a real kubelet.
-    let _ = airlock_docker::cleanup::remove(docker, container).await;
+    // The container is gone before the status says so, as with a real kubelet. (A container
+    // of a thousand processes thrashing at its memory limit can take the daemon more than
+    // the drain's 5 s to kill.)
+    remove_until_gone(docker, container).await?;
     state.set_log(&name, |log| log.done = true);
     let mut status = json!({"phase": if code == 0 && !deadline_hit { "Succeeded" } else { "Failed" }, "startTime": started.to_string(),
         "containerStatuses": [{"name": "job", "image": "", "imageID": "", "ready": false, "restartCount": 0,
