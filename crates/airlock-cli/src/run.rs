@@ -328,15 +328,13 @@ async fn run_warm(
             break;
         }
         if stats.failed > 0 || std::time::Instant::now() > deadline {
-            engine.shutdown().await;
-            return result(refuse(
-                ErrorKind::BackendUnavailable,
-                format!(
-                    "--warm: no warm sandbox started ({} failed starts; AIRLOCK_LOG=debug says why)",
-                    stats.failed
-                ),
-                &version,
-            ));
+            // As the server's pool does on a miss: the job runs in a fresh sandbox, whose
+            // own error (if any) is the one the observation reports.
+            eprintln!(
+                "airlock: --warm: no warm sandbox started ({} failed starts); the job runs in a fresh one",
+                stats.failed
+            );
+            break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
@@ -344,10 +342,8 @@ async fn run_warm(
     if let Some(stats) = engine.warm_pool() {
         if stats.hits == 1 {
             eprintln!("airlock: --warm: the job ran in a warm sandbox");
-        } else {
-            eprintln!(
-                "airlock: --warm: the job ran in a fresh sandbox (it does not fit a warm one)"
-            );
+        } else if outcome.observation.error.is_none() {
+            eprintln!("airlock: --warm: the job ran in a fresh sandbox");
         }
     }
     engine.shutdown().await;

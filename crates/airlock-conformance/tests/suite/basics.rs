@@ -12,7 +12,7 @@ conformance! {
         assert_eq!(run.obs["exit_code"], 0);
         assert_eq!(run.obs["stdout"], "45\n");
         assert_eq!(run.obs["stdout_bytes"], 3);
-        assert_eq!(run.obs["backend"], t.name());
+        assert_eq!(run.obs["backend"], t.kind.backend());
         assert_eq!(run.obs["policy_version"], "test-1");
         if t.kind.is_container() {
             let image = std::env::var(super::common::IMAGE_ENV).unwrap();
@@ -29,7 +29,7 @@ conformance! {
         let audit = t.audit_lines();
         assert_eq!(audit.len(), 1);
         assert_eq!(audit[0]["job_id"], run.obs["job_id"]);
-        assert_eq!(audit[0]["backend"], t.name());
+        assert_eq!(audit[0]["backend"], t.kind.backend());
     }
 
     fn exit_code_stderr_stdin_args_and_files_come_back(t: &Target) {

@@ -45,12 +45,15 @@ fn job_dir_with(kind: Kind, tag: &str) -> Option<PathBuf> {
 }
 
 /// Starts a long job carrying `tag` and waits until it runs (its directory exists, and
-/// for containers its container too).
+/// for containers its container too). Returns the job's directory name: its job id, or
+/// for a warm sandbox the sandbox's own name (it was started before the job had an id).
 fn start_long_job(t: &Target, tag: &str, policy: &Path) -> (std::process::Child, String) {
     let source = format!("import time\n# {tag}\nprint('started', flush=True)\ntime.sleep(1000)");
     let child = t
         .cmd()
-        .args(["run", "--json", "--backend", t.name(), "--policy"])
+        .args(["run", "--json"])
+        .args(t.backend_args(&["-c", &source]))
+        .arg("--policy")
         .arg(policy)
         .args(["-c", &source, "--", tag])
         .stdout(std::process::Stdio::piped())
@@ -101,6 +104,12 @@ fn assert_nothing_left(t: &Target, tag: &str, job: &str) {
             !runtime_dir(t.kind).join(job).exists(),
             "job directory {job} left behind"
         );
+        // By content too: a warm sandbox's directory is named for the sandbox, not the job.
+        assert_eq!(
+            job_dir_with(t.kind, tag),
+            None,
+            "the job's directory left behind"
+        );
     }
     if t.kind.is_container() {
         assert_eq!(
@@ -139,13 +148,17 @@ conformance! {
         let message = run.obs["error"]["message"].as_str().unwrap();
         assert!(message.contains("SIGTERM"), "{message}");
         assert_eq!(run.code, 125);
-        assert_eq!(run.obs["job_id"], job.as_str());
+        if t.kind == Kind::Warm {
+            assert!(job.starts_with("warm-"), "{job}");
+        } else {
+            assert_eq!(run.obs["job_id"], job.as_str());
+        }
         // Right when airlock has exited: its own shutdown path removed everything.
         assert_eq!(host_pids_with(&tag), Vec::<u32>::new(), "job processes survived");
         assert_nothing_left(t, &tag, &job);
         let audit = t.audit_lines();
         assert_eq!(audit.len(), 1);
-        assert_eq!(audit[0]["job_id"], job.as_str());
+        assert_eq!(audit[0]["job_id"], run.obs["job_id"]);
     }
 
     fn a_killed_airlock_is_swept_by_the_next_run(t: &Target) {

@@ -16,6 +16,11 @@ pub enum Kind {
     /// server and a kubelet running each Pod as a container on the local Docker daemon),
     /// started by `scripts/ci/kube.sh` as its example `fake_cluster`.
     Kube,
+    /// The native backend's warm path (`airlock run --warm`): each job delivered to a
+    /// sandbox started and waiting before it, as `airlock serve`'s warm pool does. Jobs a
+    /// warm sandbox cannot take (another language than Python, the egress proxy) run in
+    /// a fresh sandbox there, and here too.
+    Warm,
 }
 
 impl Kind {
@@ -26,13 +31,27 @@ impl Kind {
             Kind::Gvisor => "gvisor",
             Kind::Podman => "podman",
             Kind::Kube => "kube",
+            Kind::Warm => "warm",
         }
+    }
+
+    /// The `--backend` this kind runs on.
+    pub fn backend(self) -> &'static str {
+        match self {
+            Kind::Warm => "native",
+            other => other.name(),
+        }
+    }
+
+    /// Whether jobs run in the native backend's sandboxes (warm or fresh).
+    pub fn is_native(self) -> bool {
+        matches!(self, Kind::Native | Kind::Warm)
     }
 
     /// Whether the job runs from an image, in a container on the Docker or Podman daemon of
     /// this host (kube: the fake kubelet's).
     pub fn is_container(self) -> bool {
-        self != Kind::Native
+        !self.is_native()
     }
 }
 
@@ -228,6 +247,16 @@ impl Target {
         self.kind.name()
     }
 
+    /// `--backend B`, and `--warm` where this kind puts a job with these arguments
+    /// through the warm path.
+    pub fn backend_args(&self, args: &[&str]) -> Vec<&'static str> {
+        let mut out = vec!["--backend", self.kind.backend()];
+        if self.kind == Kind::Warm && warm_fits(args) {
+            out.push("--warm");
+        }
+        out
+    }
+
     /// A policy file: `limits` lines under `[limits]`, `filesystem` lines under
     /// `[filesystem]` (after the backend's rootfs), `extra` as given.
     pub fn policy_with(&self, limits: &str, filesystem: &str, extra: &str) -> PathBuf {
@@ -302,14 +331,18 @@ impl Target {
     /// `airlock run --json --backend KIND --policy POLICY ARGS...`.
     pub fn run_with(&self, policy: &Path, args: &[&str]) -> JsonRun {
         let mut cmd = self.cmd();
+        let backend = self.backend_args(args);
         cmd.arg("run")
             .arg("--json")
-            .arg("--backend")
-            .arg(self.name())
+            .args(&backend)
             .arg("--policy")
             .arg(policy)
             .args(args);
-        json_run(cmd.output().expect("spawn airlock"))
+        let run = json_run(cmd.output().expect("spawn airlock"));
+        if backend.contains(&"--warm") {
+            assert_ran_warm(&run);
+        }
+        run
     }
 
     /// [`Target::run_with`] under the backend's default test policy.
@@ -324,6 +357,43 @@ impl Target {
             .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
             .collect()
     }
+}
+
+/// Whether a job with these `airlock run` arguments is one a warm sandbox takes: Python
+/// (the default language), no network.
+pub fn warm_fits(args: &[&str]) -> bool {
+    let mut words = args.iter().take_while(|a| **a != "--");
+    while let Some(word) = words.next() {
+        match *word {
+            "-l" | "--lang" => {
+                let language = words.next();
+                if language.is_some_and(|l| *l != "python") {
+                    return false;
+                }
+            }
+            "--net" => return false,
+            "-c" | "--code" | "--file" | "--timeout" | "--memory" | "--cpus" | "--pids"
+            | "--out" | "--stdin" | "--env" | "--allow" => {
+                words.next();
+            }
+            _ => {}
+        }
+    }
+    true
+}
+
+/// A job run with `--warm` that got as far as running must say it ran warm: the warm
+/// kind proves nothing if its jobs quietly ran in fresh sandboxes.
+pub fn assert_ran_warm(run: &JsonRun) {
+    if run.obs.get("error").is_some_and(|e| !e.is_null()) {
+        return;
+    }
+    assert!(
+        run.stderr.contains("the job ran in a warm sandbox"),
+        "the job did not run in a warm sandbox: {}\n{:#}",
+        run.stderr,
+        run.obs
+    );
 }
 
 pub fn json_run(output: Output) -> JsonRun {
@@ -364,9 +434,30 @@ pub fn host_pids_with(needle: &str) -> Vec<u32> {
             && String::from_utf8_lossy(&cmdline).contains(needle)
         {
             found.push(pid);
+            continue;
+        }
+        // A warm sandbox's interpreter was started before its job, so its command line
+        // names no job; its root's /work/main.py does.
+        if sandboxed(&entry.path())
+            && std::fs::read(entry.path().join("root/work/main.py"))
+                .is_ok_and(|source| String::from_utf8_lossy(&source).contains(needle))
+        {
+            found.push(pid);
         }
     }
     found
+}
+
+/// Whether the process at `/proc/PID` has another root than ours.
+fn sandboxed(proc_dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        std::fs::metadata(proc_dir.join("root")),
+        std::fs::metadata("/"),
+    ) {
+        (Ok(theirs), Ok(ours)) => (theirs.dev(), theirs.ino()) != (ours.dev(), ours.ino()),
+        _ => false,
+    }
 }
 
 /// Containers of airlock (label `airlock.managed`) on a daemon, as `docker ps -aq` lists
@@ -483,6 +574,7 @@ macro_rules! conformance {
         conformance!(@backend gvisor, Gvisor, $($name)*);
         conformance!(@backend podman, Podman, $($name)*);
         conformance!(@backend kube, Kube, $($name)*);
+        conformance!(@backend warm, Warm, $($name)*);
     };
     (@backend $module:ident, $kind:ident, $($name:ident)*) => {
         mod $module {

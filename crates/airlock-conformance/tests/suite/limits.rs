@@ -68,7 +68,7 @@ conformance! {
         assert_eq!(run.code, 124);
         // The CLI's whole run: start-up, a container's creation and removal included.
         let slack = match t.kind {
-            Kind::Native => 2,
+            Kind::Native | Kind::Warm => 2,
             Kind::Docker | Kind::Gvisor => 4,
             // Podman creates and removes containers slowly (2-4 s each under the suite's
             // parallel load); the job's own duration is checked below.

@@ -24,7 +24,7 @@ fn run_probe_obs(t: &Target, filesystem: &str, extra: &[&str]) -> (ProbeReport, 
     let mut cmd = t.cmd();
     // A secret in airlock's own environment must never reach the job.
     cmd.env("OPENAI_API_KEY", "sk-airlock-canary-secret");
-    cmd.args(["run", "--json", "--backend", t.name(), "--policy"])
+    cmd.args(["run", "--json", "--backend", t.kind.backend(), "--policy"])
         .arg(&policy);
     let probe = if t.kind == Kind::Kube {
         KUBE_PROBE_PATH.to_owned()

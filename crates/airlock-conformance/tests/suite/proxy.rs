@@ -38,7 +38,7 @@ fn run_proxy(t: &Target, policy: &std::path::Path, source: &str) -> JsonRun {
         "--net",
         "proxy",
         "--backend",
-        t.name(),
+        t.kind.backend(),
         "--policy",
     ])
     .arg(policy)
