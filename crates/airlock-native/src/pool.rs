@@ -81,6 +81,8 @@ _airlock_run()
 
 /// Longest wait between attempts when warm sandboxes fail to start.
 const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Most sandboxes the refill starts at once.
+const REFILL_BATCH_MAX: usize = 8;
 /// First wait after a failed start.
 const REFILL_BACKOFF_MIN: Duration = Duration::from_millis(250);
 
@@ -470,7 +472,7 @@ fn expired(shared: &Shared) -> Vec<Warm> {
     out
 }
 
-/// Keeps the pool full, one start at a time, backing off while starts fail.
+/// Keeps the pool full, starting what is missing in batches, backing off while starts fail.
 async fn refill(shared: Arc<Shared>) {
     let mut backoff = REFILL_BACKOFF_MIN;
     loop {
@@ -497,27 +499,50 @@ async fn refill(shared: Arc<Shared>) {
             }
             continue;
         }
-        match launch_warm(&shared).await {
-            Ok(warm) => {
-                backoff = REFILL_BACKOFF_MIN;
-                shared.counters.started.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(sandbox = %warm.name, "warm sandbox ready");
-                if shared.closed.load(Ordering::SeqCst) {
-                    discard(warm).await;
-                    break;
+        // The missing sandboxes start together: moving a process into a cgroup makes the
+        // kernel wait for an RCU grace period while it holds off every fork and exit on
+        // the host, once per burst of moves rather than per move, so a batch costs one
+        // such pause instead of one per sandbox.
+        let mut starts = tokio::task::JoinSet::new();
+        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX) {
+            let shared = shared.clone();
+            starts.spawn(async move { launch_warm(&shared).await });
+        }
+        let mut failed = false;
+        let mut closed = false;
+        while let Some(joined) = starts.join_next().await {
+            let started =
+                joined.unwrap_or_else(|e| Err(NativeError::Helper(format!("start task: {e}"))));
+            match started {
+                Ok(warm) => {
+                    shared.counters.started.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(sandbox = %warm.name, "warm sandbox ready");
+                    if closed || shared.closed.load(Ordering::SeqCst) {
+                        closed = true;
+                        discard(warm).await;
+                        continue;
+                    }
+                    match shared.ready.lock() {
+                        Ok(mut ready) => ready.push_back(warm),
+                        Err(_) => closed = true,
+                    }
                 }
-                match shared.ready.lock() {
-                    Ok(mut ready) => ready.push_back(warm),
-                    Err(_) => break,
+                Err(e) => {
+                    failed = true;
+                    shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                        "cannot start a warm sandbox");
                 }
             }
-            Err(e) => {
-                shared.counters.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
-                    "cannot start a warm sandbox");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(REFILL_BACKOFF_MAX);
-            }
+        }
+        if closed {
+            break;
+        }
+        if failed {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(REFILL_BACKOFF_MAX);
+        } else {
+            backoff = REFILL_BACKOFF_MIN;
         }
     }
     let drained: Vec<Warm> = match shared.ready.lock() {
