@@ -52,9 +52,11 @@ cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo nextest run --workspace (as root)"
-# The conformance suite runs per backend from scripts/ci/docker.sh, once the daemons are up.
+# The conformance suite runs per backend from scripts/ci/docker.sh, once the daemons are up;
+# airlock-oci's image and registry tests from scripts/ci/images.sh, which builds the image
+# and starts the registry they need.
 cargo nextest run --workspace --locked --no-fail-fast \
-  -E 'not test(/::rootless::/) and not package(airlock-conformance)'
+  -E 'not test(/::rootless::/) and not package(airlock-conformance) and not (package(airlock-oci) and test(/^suite::(e2e|registry)::/))'
 
 # The rootless tests, as an unprivileged user this script creates. The clone may live
 # where that user cannot reach (/root), so the binaries they need are copied out.
