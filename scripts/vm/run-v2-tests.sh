@@ -62,6 +62,12 @@ fi
 mkdir -p "$target_dir"
 target_dir=$(cd "$target_dir" && pwd)
 export CARGO_TARGET_DIR="$target_dir"
+case "$target_dir/" in
+  /tmp/*|/run/*|/dev/*)
+    # The guest mounts its own tmpfs there (guest-init.sh), hiding the binaries.
+    echo "run-v2-tests.sh: the target directory $target_dir is under /tmp, /run or /dev, which the VM mounts afresh; clone elsewhere or pass --target-dir" >&2
+    exit 2 ;;
+esac
 
 # The test executables, from cargo's own report (their file names carry a hash). The same
 # build as scripts/test.sh's `cargo nextest run --workspace --locked` (same packages, same
