@@ -361,6 +361,7 @@ pub fn build(
             "removed {removed} paths, cleared setuid/setgid on {cleared} files"
         ));
         ensure_nobody(&root)?;
+        write_name_files(&root)?;
         compile_python(&root, &step)?;
         step("writing the layer");
         let layer_file = work.path().join("layer.tar.gz");
@@ -742,6 +743,46 @@ pub fn ensure_nobody(root: &Path) -> Result<(), OciError> {
     Ok(())
 }
 
+/// The name-service files every backend's job expects, host-independent so the image's
+/// digest does not depend on the machine that built it: `localhost` in `/etc/hosts`, a
+/// fixed hostname, and an empty `resolv.conf` (jobs have no network; the proxy resolves
+/// on the host). Docker, Podman and a kubelet bind their own over these; the native
+/// backend shows them as they are. Replaces whatever the base had, never following a
+/// link out of the tree.
+pub fn write_name_files(root: &Path) -> Result<(), OciError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let etc = root.join("etc");
+    let meta = fs::symlink_metadata(&etc).map_err(|e| OciError::store_io("stat", &etc, e))?;
+    if !meta.is_dir() {
+        return Err(OciError::Build {
+            step: "name files",
+            reason: format!("{} is not a directory (a symlink?)", etc.display()),
+        });
+    }
+    for (name, text) in [
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        ),
+        ("hostname", "airlock\n"),
+        ("resolv.conf", ""),
+    ] {
+        let path = etc.join(name);
+        unpack::remove_tree(&path).map_err(|e| OciError::store_io("remove", &path, e))?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&path)
+            .map_err(|e| OciError::store_io("create", &path, e))?;
+        file.write_all(text.as_bytes())
+            .map_err(|e| OciError::store_io("write", &path, e))?;
+    }
+    Ok(())
+}
+
 const COMPILE_PY: &str = r#"
 import os, sys, py_compile
 n = 0
@@ -896,6 +937,27 @@ mod tests {
             0o755
         );
         ensure_nobody(root).unwrap();
+        // A base whose /etc/hosts points out of the tree: replaced, the target untouched.
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("hosts");
+        fs::write(&target, "host's own\n").unwrap();
+        std::os::unix::fs::symlink(&target, root.join("etc/hosts")).unwrap();
+        write_name_files(root).unwrap();
+        assert_eq!(fs::read_to_string(&target).unwrap(), "host's own\n");
+        assert!(
+            fs::read_to_string(root.join("etc/hosts"))
+                .unwrap()
+                .contains("localhost")
+        );
+        assert!(
+            !fs::symlink_metadata(root.join("etc/hosts"))
+                .unwrap()
+                .is_symlink()
+        );
+        assert_eq!(
+            fs::read_to_string(root.join("etc/resolv.conf")).unwrap(),
+            ""
+        );
         assert!(
             fs::read_to_string(root.join("etc/passwd"))
                 .unwrap()
