@@ -532,7 +532,11 @@ fn apt_install(root: &Path, packages: &[String], step: &dyn Fn(&str)) -> Result<
         });
     }
     step(&format!("apt-get install {}", packages.join(" ")));
-    let _ = fs::copy("/etc/resolv.conf", root.join("etc/resolv.conf"));
+    // The build host's resolver, for apt inside the chroot (replaced by
+    // write_name_files before the layer is written).
+    if let Ok(resolv) = fs::read("/etc/resolv.conf") {
+        replace_etc_file(root, "resolv.conf", &resolv)?;
+    }
     let script = format!(
         "set -e; mount -t proc proc \"$1/proc\"; mount --rbind /dev \"$1/dev\"; \
          chroot \"$1\" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
@@ -714,8 +718,6 @@ pub fn clear_setid_bits(root: &Path) -> Result<usize, OciError> {
 
 /// Makes sure `nobody` (65534) and `nogroup` (65534) exist, the image's user.
 pub fn ensure_nobody(root: &Path) -> Result<(), OciError> {
-    let etc = root.join("etc");
-    fs::create_dir_all(&etc).map_err(|e| OciError::store_io("create", &etc, e))?;
     for (file, seed, line, id_field) in [
         (
             "passwd",
@@ -725,8 +727,7 @@ pub fn ensure_nobody(root: &Path) -> Result<(), OciError> {
         ),
         ("group", "root:x:0:\n", "nogroup:x:65534:\n", 2),
     ] {
-        let path = etc.join(file);
-        let mut text = fs::read_to_string(&path).unwrap_or_else(|_| seed.to_owned());
+        let mut text = read_etc_file(root, file)?.unwrap_or_else(|| seed.to_owned());
         let has = text
             .lines()
             .any(|l| l.split(':').nth(id_field) == Some("65534"));
@@ -736,9 +737,7 @@ pub fn ensure_nobody(root: &Path) -> Result<(), OciError> {
             }
             text.push_str(line);
         }
-        fs::write(&path, text).map_err(|e| OciError::store_io("write", &path, e))?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
-            .map_err(|e| OciError::store_io("chmod", &path, e))?;
+        replace_etc_file(root, file, text.as_bytes())?;
     }
     Ok(())
 }
@@ -750,16 +749,6 @@ pub fn ensure_nobody(root: &Path) -> Result<(), OciError> {
 /// backend shows them as they are. Replaces whatever the base had, never following a
 /// link out of the tree.
 pub fn write_name_files(root: &Path) -> Result<(), OciError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let etc = root.join("etc");
-    let meta = fs::symlink_metadata(&etc).map_err(|e| OciError::store_io("stat", &etc, e))?;
-    if !meta.is_dir() {
-        return Err(OciError::Build {
-            step: "name files",
-            reason: format!("{} is not a directory (a symlink?)", etc.display()),
-        });
-    }
     for (name, text) in [
         (
             "hosts",
@@ -768,19 +757,64 @@ pub fn write_name_files(root: &Path) -> Result<(), OciError> {
         ("hostname", "airlock\n"),
         ("resolv.conf", ""),
     ] {
-        let path = etc.join(name);
-        unpack::remove_tree(&path).map_err(|e| OciError::store_io("remove", &path, e))?;
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&path)
-            .map_err(|e| OciError::store_io("create", &path, e))?;
-        file.write_all(text.as_bytes())
-            .map_err(|e| OciError::store_io("write", &path, e))?;
+        replace_etc_file(root, name, text.as_bytes())?;
     }
     Ok(())
+}
+
+/// `root/etc`, which must be a directory of the tree itself, not a link out of it.
+fn etc_dir(root: &Path) -> Result<PathBuf, OciError> {
+    let etc = root.join("etc");
+    match fs::symlink_metadata(&etc) {
+        Ok(meta) if meta.is_dir() => Ok(etc),
+        Ok(_) => Err(OciError::Build {
+            step: "etc",
+            reason: format!("{} is not a directory (a symlink?)", etc.display()),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::create_dir(&etc).map_err(|e| OciError::store_io("create", &etc, e))?;
+            Ok(etc)
+        }
+        Err(e) => Err(OciError::store_io("stat", &etc, e)),
+    }
+}
+
+/// Replaces `root/etc/NAME` with a regular file holding `content`: whatever was there (a
+/// symlink out of the tree included) is removed, never followed.
+fn replace_etc_file(root: &Path, name: &str, content: &[u8]) -> Result<(), OciError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = etc_dir(root)?.join(name);
+    unpack::remove_tree(&path).map_err(|e| OciError::store_io("remove", &path, e))?;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&path)
+        .map_err(|e| OciError::store_io("create", &path, e))?;
+    file.write_all(content)
+        .map_err(|e| OciError::store_io("write", &path, e))
+}
+
+/// `root/etc/NAME` when it is a regular file of the tree (a link is not read).
+fn read_etc_file(root: &Path, name: &str) -> Result<Option<String>, OciError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = etc_dir(root)?.join(name);
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+    let mut file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits() as i32)
+        .open(&path)
+    {
+        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => f,
+        _ => return Ok(None),
+    };
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| OciError::store_io("read", &path, e))?;
+    Ok(Some(text))
 }
 
 const COMPILE_PY: &str = r#"
@@ -936,9 +970,24 @@ mod tests {
             fs::metadata(root.join("usr/bin/su")).unwrap().mode() & 0o7777,
             0o755
         );
-        ensure_nobody(root).unwrap();
-        // A base whose /etc/hosts points out of the tree: replaced, the target untouched.
+        // A base whose /etc/group points out of the tree: neither read nor written.
         let outside = tempfile::tempdir().unwrap();
+        let host_group = outside.path().join("group");
+        fs::write(&host_group, "hostonly:x:4242:\n").unwrap();
+        let _ = fs::remove_file(root.join("etc/group"));
+        fs::create_dir_all(root.join("etc")).unwrap();
+        std::os::unix::fs::symlink(&host_group, root.join("etc/group")).unwrap();
+        ensure_nobody(root).unwrap();
+        assert_eq!(
+            fs::read_to_string(&host_group).unwrap(),
+            "hostonly:x:4242:\n"
+        );
+        let group = fs::read_to_string(root.join("etc/group")).unwrap();
+        assert!(
+            !group.contains("hostonly") && group.contains("65534"),
+            "{group}"
+        );
+        // A base whose /etc/hosts points out of the tree: replaced, the target untouched.
         let target = outside.path().join("hosts");
         fs::write(&target, "host's own\n").unwrap();
         std::os::unix::fs::symlink(&target, root.join("etc/hosts")).unwrap();
