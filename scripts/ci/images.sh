@@ -186,4 +186,4 @@ if [ "$status" != 0 ]; then
   log "images FAILED"
   exit 1
 fi
-log "images passed: $image_name@$id on native, docker and gvisor; pull by digest from $registry"
+log "images passed: $image_name@$id on native (fresh and warm), docker and gvisor; pull by digest from $registry"
