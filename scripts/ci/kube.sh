@@ -69,9 +69,36 @@ lap "build with the kube feature"
 
 # 3. End to end through the fake cluster on the local Docker daemon.
 socket="${AIRLOCK_DOCKER_SOCKET:-/var/run/docker.sock}"
+# docker.sh and images.sh stop the daemons they started; when none answers, start one
+# with docker.sh's configuration (its image store persists) and stop it at the end.
+started_dockerd=
+stop_dockerd() {
+  if [ -n "$started_dockerd" ]; then
+    kill "$started_dockerd" 2>/dev/null || true
+    wait "$started_dockerd" 2>/dev/null || true
+    started_dockerd=
+  fi
+}
+trap stop_dockerd EXIT
 if ! curl -sf --unix-socket "$socket" http://localhost/_ping >/dev/null 2>&1; then
-  echo "scripts/ci/kube.sh: no Docker daemon at $socket: run scripts/ci/docker.sh first" >&2
-  exit 1
+  daemon_json="$cache/docker/daemon.json"
+  if [ "$socket" != /var/run/docker.sock ] || [ ! -s "$daemon_json" ]; then
+    echo "scripts/ci/kube.sh: no Docker daemon at $socket: run scripts/ci/docker.sh first" >&2
+    exit 1
+  fi
+  log "starting dockerd ($daemon_json)"
+  dockerd --config-file "$daemon_json" >"$cache/docker/dockerd-kube.log" 2>&1 &
+  started_dockerd=$!
+  for _ in $(seq 1 300); do
+    curl -sf --unix-socket "$socket" http://localhost/_ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  curl -sf --unix-socket "$socket" http://localhost/_ping >/dev/null 2>&1 \
+    || { tail -20 "$cache/docker/dockerd-kube.log" >&2; echo "dockerd did not start" >&2; exit 1; }
+fi
+if ! DOCKER_HOST="unix://$socket" docker image inspect airlock-test:bookworm >/dev/null 2>&1 \
+  && [ -s "$cache/docker/image.tar" ]; then
+  DOCKER_HOST="unix://$socket" docker load -q -i "$cache/docker/image.tar" >/dev/null
 fi
 if [ -z "${AIRLOCK_TEST_IMAGE:-}" ]; then
   id=$(DOCKER_HOST="unix://$socket" docker image inspect airlock-test:bookworm --format '{{.Id}}' 2>/dev/null || true)
@@ -135,7 +162,7 @@ stop_fake() {
   cp "$run_dir/fake.log" "$cache/kube-fake-cluster.log" 2>/dev/null || true
   rm -rf "$run_dir"
 }
-trap stop_fake EXIT
+trap 'stop_fake; stop_dockerd' EXIT
 "$target_dir/debug/examples/fake_cluster" "$run_dir/kubeconfig" >"$run_dir/ready" 2>"$run_dir/fake.log" &
 fake_pid=$!
 for _ in $(seq 1 100); do
@@ -151,7 +178,7 @@ AIRLOCK_BIN="$AIRLOCK_KUBE_BIN" AIRLOCK_TEST_KUBECONFIG="$run_dir/kubeconfig" AI
   cargo nextest run --locked -p airlock-conformance -E 'test(/::kube::/)' --no-fail-fast \
   --test-threads "${AIRLOCK_CONFORMANCE_THREADS:-4}" || status=1
 stop_fake
-trap - EXIT
+trap stop_dockerd EXIT
 left=$(docker_ ps -aq --filter label=airlock.kube-fake=true)
 if [ -n "$left" ]; then
   echo "containers of the fake kubelet left behind:" >&2
