@@ -19,7 +19,8 @@ the driver drains).
 
 Latency (median, p90) of jobs one after another comes from hyperfine (`-N`, no shell) for
 the process contenders and from this driver for HTTP; throughput (jobs per second with 1,
-2 and 8 in flight) from this driver's threads for all. Prints Markdown. Standard library
+2 and 8 in flight) and each job's latency under that load (p50, p99) from this driver's
+threads for all. Prints Markdown. Standard library
 only. A benchmark, not a test: it asserts only that every job ran and printed the right
 thing.
 
@@ -106,11 +107,12 @@ class Contender:
 
 
 def throughput(contender, job, n_jobs, clients):
-    """Jobs per second with `clients` jobs in flight."""
+    """Jobs per second with `clients` jobs in flight, and each job's latency (seconds)."""
     lock = threading.Lock()
     counter = iter(range(n_jobs))
     errors = []
     done = [0]
+    latencies = []
     one = contender.one(job)
 
     def worker():
@@ -119,6 +121,7 @@ def throughput(contender, job, n_jobs, clients):
             with lock:
                 if next(counter, None) is None:
                     return
+            start = time.perf_counter()
             try:
                 one(state)
             except Exception as e:  # noqa: BLE001 - reported below
@@ -126,8 +129,10 @@ def throughput(contender, job, n_jobs, clients):
                     errors.append(str(e))
                 state.clear()
                 continue
+            elapsed = time.perf_counter() - start
             with lock:
                 done[0] += 1
+                latencies.append(elapsed)
 
     threads = [threading.Thread(target=worker) for _ in range(clients)]
     start = time.perf_counter()
@@ -138,7 +143,7 @@ def throughput(contender, job, n_jobs, clients):
     wall = time.perf_counter() - start
     if errors:
         raise SystemExit(f"{contender.name} ({job}, {clients} in flight): {len(errors)} failed: {errors[:2]}")
-    return done[0] / wall
+    return done[0] / wall, latencies
 
 
 def latency_http(contender, job, runs, warmup):
@@ -356,6 +361,7 @@ def main():
         http_ones = [c for c in runnable if c.server]
         lat = {}
         rates = {}
+        loaded = {}
         for job in JOBS:
             log(f"== latency, job {job}: hyperfine over {len(processes)} commands, {args.runs} runs each")
             for name, times in latency_hyperfine(processes, job, args.runs, 3, work).items():
@@ -377,12 +383,12 @@ def main():
                                 time.sleep(0.005)
                         t = threading.Thread(target=sample)
                         t.start()
-                        rates[(c.name, job, n)] = throughput(c, job, jobs, n)
+                        rates[(c.name, job, n)], loaded[(c.name, job, n)] = throughput(c, job, jobs, n)
                         stop.set()
                         t.join()
                         memory[f"server peak RSS with {n} clients (cold, at most {os.cpu_count()} jobs in flight)"] = peak[0]
                     else:
-                        rates[(c.name, job, n)] = throughput(c, job, jobs, n)
+                        rates[(c.name, job, n)], loaded[(c.name, job, n)] = throughput(c, job, jobs, n)
     finally:
         for proc in servers:
             proc.terminate()
@@ -422,6 +428,24 @@ def main():
             for n in levels:
                 r = rates[(c.name, job, n)]
                 row += f" {r:.1f} | {r / base_rate[n]:.2f} |"
+            print(row)
+        print()
+        print(f"Latency under load, job `{job}`: each job's time, from the throughput runs above "
+              "(p99 of a few dozen jobs is close to their maximum)\n")
+        head = "| contender |"
+        rule = "|:---|"
+        for n in levels:
+            head += f" p50 ms @{n} | p99 ms @{n} |"
+            rule += "---:|---:|"
+        print(head)
+        print(rule)
+        for c in contenders:
+            if c.missing:
+                continue
+            row = f"| {c.name} |"
+            for n in levels:
+                t = loaded[(c.name, job, n)]
+                row += f" {statistics.median(t) * 1000:.1f} | {percentile(t, 99) * 1000:.1f} |"
             print(row)
         print()
     skipped = [c for c in contenders if c.missing]
