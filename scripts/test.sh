@@ -18,6 +18,27 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# A run on a fresh machine took 8.7 GiB of disk at its peak (the build, Debian packages,
+# Docker's images, the VM's kernel and base tree, caches); with warm caches it takes less,
+# but never under the floor below, the build alone. Short of it the run would fail much
+# later with ENOSPC in the middle of a build: say so now.
+min_free_gib="${AIRLOCK_CI_MIN_FREE_GIB:-4}"
+for dir in . "$cache"; do
+  free_gib=$(( $(df -Pk "$dir" | awk 'NR == 2 { print $4 }') / 1024 / 1024 ))
+  if [ "$free_gib" -lt "$min_free_gib" ]; then
+    echo "scripts/test.sh: only $free_gib GiB free on the filesystem of $(cd "$dir" && pwd);" \
+      "the suite needs at least $min_free_gib (about 9 with empty caches)." \
+      "Free some space (cargo clean in other checkouts, docker image prune) and run again;" \
+      "AIRLOCK_CI_MIN_FREE_GIB changes the floor." >&2
+    exit 1
+  fi
+done
+
+# A clean clone gains nothing from incremental compilation, which would add about 1.7 GiB
+# of session data to the target directory. The scripts below inherit this, so what they
+# build reuses this build.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 # Debian packages the tests use.
 need=()
 command -v debootstrap >/dev/null || need+=(debootstrap)
