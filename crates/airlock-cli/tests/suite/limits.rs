@@ -7,6 +7,11 @@ use pretty_assertions::assert_eq;
 use super::common::{TestEnv, host_pids_with, json_run, marker};
 use crate::require_native;
 
+/// A policy body for tests whose subject is not wall time: a timeout so long that only a
+/// hung sandbox reaches it, however slow the machine (the cgroup v2 VM emulates its CPU
+/// and runs these jobs 20 to 60 times slower than the host).
+const UNHURRIED: &str = "[limits]\ntimeout = \"120s\"";
+
 #[test]
 fn wall_time_kills_a_busy_loop_within_timeout_plus_one_second() {
     require_native!();
@@ -27,15 +32,24 @@ fn wall_time_kills_the_whole_tree() {
     require_native!();
     let env = TestEnv::new();
     let tag = marker("tree");
-    // Children that ignore SIGTERM and sleep; the kill must still take all of them.
-    let source = "import os, signal, time\n\
+    // Children that ignore SIGTERM and sleep; the kill must still take all of them. The
+    // parent says "forked" only once every child has its handler, so the test cannot pass
+    // with a tree that never grew.
+    let source = "import os, signal, sys, time\n\
+                  r, w = os.pipe()\n\
                   for _ in range(3):\n\
                   \x20   if os.fork() == 0:\n\
                   \x20       signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+                  \x20       os.write(w, b'.')\n\
                   \x20       time.sleep(1000)\n\
+                  got = b''\n\
+                  while len(got) < 3:\n\
+                  \x20   got += os.read(r, 3)\n\
+                  print('forked', flush=True)\n\
                   time.sleep(1000)";
-    let run = env.run_json(&["--timeout", "1s", "-c", source, "--", &tag]);
+    let run = env.run_json(&["--timeout", "3s", "-c", source, "--", &tag]);
     assert_eq!(run.obs["outcome"], "timeout", "{:#}", run.obs);
+    assert_eq!(run.obs["stdout"], "forked\n", "{:#}", run.obs);
     assert_eq!(host_pids_with(&tag), Vec::<u32>::new());
 }
 
@@ -61,7 +75,15 @@ fn double_forked_setsid_sleeper_is_gone_when_the_job_ends() {
                   \x20       break\n\
                   \x20   time.sleep(0.01)\n\
                   print('daemon running')";
-    let run = env.run_json(&["-c", source, "--", &tag]);
+    let policy = env.policy(UNHURRIED);
+    let run = env.run_json(&[
+        "--policy",
+        policy.to_str().unwrap(),
+        "-c",
+        source,
+        "--",
+        &tag,
+    ]);
     assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
     assert_eq!(run.obs["stdout"], "daemon running\n", "{:#}", run.obs);
     assert_eq!(
@@ -86,7 +108,9 @@ fn fork_bomb_is_held_at_the_pids_limit() {
                    \x20       n += 1\n\
                    except OSError as e:\n\
                    \x20   print(n, e.errno)";
-    let run = env.run_json(&["--timeout", "3s", "--pids", "16", "-c", counter]);
+    let policy = env.policy(UNHURRIED);
+    let policy = policy.to_str().unwrap();
+    let run = env.run_json(&["--policy", policy, "--pids", "16", "-c", counter]);
     assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
     let stdout = run.obs["stdout"].as_str().unwrap();
     assert_eq!(stdout, "16 11\n", "processes held, errno EAGAIN");
@@ -108,7 +132,14 @@ fn fork_bomb_is_held_at_the_pids_limit() {
 fn allocating_a_gigabyte_ends_as_oom() {
     require_native!();
     let env = TestEnv::new();
-    let run = env.run_json(&["-c", "b = bytearray(1 << 30)\nprint('allocated')"]);
+    let policy = env.policy(UNHURRIED);
+    let policy = policy.to_str().unwrap();
+    let run = env.run_json(&[
+        "--policy",
+        policy,
+        "-c",
+        "b = bytearray(1 << 30)\nprint('allocated')",
+    ]);
     assert_eq!(run.obs["outcome"], "oom", "{:#}", run.obs);
     assert_eq!(run.obs["ok"], false);
     assert_eq!(run.obs["stdout"], "");
@@ -128,11 +159,20 @@ fn allocating_a_gigabyte_ends_as_oom() {
 fn cpu_quota_is_applied() {
     require_native!();
     let env = TestEnv::new();
-    let run = env.run_json(&["--timeout", "2s", "-c", "while True: pass"]);
-    assert_eq!(run.obs["outcome"], "timeout");
+    // Two spinning processes under a quota of a quarter CPU: CPU time over wall time near
+    // 0.25, where without the quota it would be 2 (or 1 on a single CPU). Judged as a
+    // ratio, not against the nominal timeout, so a slow start (the emulated v2 VM) and a
+    // coarse tick there still leave a wide margin on both sides.
+    let spin = "import os\nos.fork()\nwhile True: pass";
+    let run = env.run_json(&["--timeout", "4s", "--cpus", "0.25", "-c", spin]);
+    assert_eq!(run.obs["outcome"], "timeout", "{:#}", run.obs);
     let cpu = run.obs["cpu_ms"].as_u64().unwrap();
-    // 0.5 CPU for 2 s: about 1000 ms of CPU, never the 2000 ms an unlimited loop takes.
-    assert!((600..=1400).contains(&cpu), "cpu_ms {cpu}");
+    let wall = run.obs["duration_ms"].as_u64().unwrap();
+    let share = cpu as f64 / wall as f64;
+    assert!(
+        (0.08..=0.6).contains(&share),
+        "cpu_ms {cpu} over duration_ms {wall} is {share:.2}, not about 0.25"
+    );
 }
 
 #[test]

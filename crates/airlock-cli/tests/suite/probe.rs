@@ -14,8 +14,10 @@ pub fn run_probe(
     extra: &[&str],
 ) -> (ProbeReport, serde_json::Value) {
     let probe = airlock_testkit::require_probe().expect("probe binary");
+    // The probe's subject is the sandbox's shape, not wall time: a long timeout keeps it
+    // from racing the machine's speed (the emulated cgroup v2 VM is 20 to 60 times slower).
     let policy = env.policy(&format!(
-        "[limits]\nstdout = \"1MiB\"\nfiles = \"64MiB\"\n{policy_body}"
+        "[limits]\nstdout = \"1MiB\"\nfiles = \"64MiB\"\ntimeout = \"120s\"\n{policy_body}"
     ));
     let mut args = vec![
         "--policy".to_owned(),
