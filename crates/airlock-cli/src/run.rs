@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use airlock_core::observation::ErrorInfo;
 use airlock_core::policy::NetworkMode;
 use airlock_core::units::parse_duration;
 use airlock_core::{
@@ -123,42 +124,22 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
     };
     let out_dir = args.out.clone();
-    let result = runtime.block_on(run_async(args));
-    let code = finish(json, &result.observation);
+    let mut result = runtime.block_on(run_async(args));
+    // The files go to DIR before the observation is printed, so a failure to write them
+    // is in the observation rather than after an `ok: true` the caller already read.
     if let Some(dir) = out_dir
-        && let Err(e) = copy_out(&dir, &result.files)
+        && let Err(e) = airlock_engine::out_dir::write_released(&dir, &result.files)
     {
-        eprintln!("airlock: --out {}: {e}", dir.display());
-        return ExitCode::from(EXIT_AIRLOCK_ERROR);
+        let message = format!("--out {}: {}", dir.display(), error_chain(&e));
+        let observation = &mut result.observation;
+        observation.ok = false;
+        observation.outcome = Outcome::Error;
+        observation.error = Some(ErrorInfo {
+            kind: ErrorKind::Internal,
+            message,
+        });
     }
-    code
-}
-
-/// Writes the released files under `dir`, never overwriting and never following a
-/// symlink at the final component.
-fn copy_out(dir: &Path, files: &[airlock_core::ReleasedFile]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::create_dir_all(dir)?;
-    for file in files {
-        let target = dir.join(&file.path);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc_o_nofollow())
-            .mode(0o644)
-            .open(&target)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", target.display())))?;
-        out.write_all(&file.content)?;
-    }
-    Ok(())
-}
-
-/// `O_NOFOLLOW`, spelled out to avoid a libc dependency in the binary.
-const fn libc_o_nofollow() -> i32 {
-    0o400000
+    finish(json, &result.observation)
 }
 
 fn finish(json: bool, observation: &Observation) -> ExitCode {

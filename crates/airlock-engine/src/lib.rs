@@ -6,6 +6,7 @@
 pub mod audit;
 pub mod backends;
 pub mod error;
+pub mod out_dir;
 pub mod redaction;
 
 use std::path::{Path, PathBuf};
