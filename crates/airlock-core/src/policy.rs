@@ -902,7 +902,9 @@ pub struct NativePolicy {
     /// Weaker shapes this policy accepts when the host cannot give the full one. Empty by
     /// default: a missing control refuses the job. `"cgroup"` accepts rlimits (address
     /// space, process count, CPU time) in place of cgroup limits, for unprivileged use
-    /// without a delegated cgroup; observations and audit lines then list what is degraded.
+    /// without a delegated cgroup; `"swap"` accepts an uncapped swap on a host with swap
+    /// enabled and no swap accounting; observations and audit lines then list what is
+    /// degraded.
     pub allow_degraded: Vec<DegradedControl>,
     /// Sandboxes `airlock serve` and `airlock mcp` keep started ahead of time for
     /// `warm_language` jobs, each fully isolated and used for one job only. 0 (the default)
@@ -922,6 +924,10 @@ pub struct NativePolicy {
 pub enum DegradedControl {
     /// rlimits instead of cgroup limits for memory, CPU and processes.
     Cgroup,
+    /// A memory limit without a swap limit, on a host that has swap enabled but no swap
+    /// accounting (v1 without `memory.memsw.*`, v2 without `memory.swap.max`): a job may
+    /// then page out beyond its memory limit.
+    Swap,
 }
 
 impl NativePolicy {

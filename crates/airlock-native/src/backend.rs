@@ -163,6 +163,17 @@ impl NativeBackend {
                 });
             }
         };
+        let mut degraded = degraded;
+        if let Some(manager) = &cgroups
+            && let Some(gap) = swap_gap(manager.swap_accounting(), &read_meminfo())
+        {
+            if config.allow_degraded.contains(&DegradedControl::Swap) {
+                tracing::info!(%gap, "swap is not capped, as the policy allows");
+                degraded.push(DEGRADED_SWAP.to_owned());
+            } else {
+                return Err(swap_refusal(gap));
+            }
+        }
         let runtime = RuntimeDir::open(&config.runtime_dir)?;
         let seccomp = CompiledSeccomp::builtin()?;
         let host_layout = RootfsLayout::probe_host().map_err(|source| NativeError::Rootfs {
@@ -202,6 +213,13 @@ impl NativeBackend {
     }
 
     fn check_supported(&self, job: &JobSpec) -> Result<(), NativeError> {
+        // Swap may have been switched on since the backend opened (a long-running server).
+        if let Some(manager) = &self.cgroups
+            && !self.config.allow_degraded.contains(&DegradedControl::Swap)
+            && let Some(gap) = swap_gap(manager.swap_accounting(), &read_meminfo())
+        {
+            return Err(swap_refusal(gap));
+        }
         if let RootfsSpec::Image { reference, digest } = &job.filesystem.rootfs {
             // Before anything of the job exists: the image must be in the store; unpacked
             // into the cache now if it is not yet (never pulled).
@@ -871,6 +889,50 @@ pub const DEGRADED_WITHOUT_CGROUP: &[&str] = &[
     "accounting: cpu and peak memory from the processes the init reaped",
 ];
 
+/// What the observation lists when the policy accepts an uncapped swap.
+pub const DEGRADED_SWAP: &str =
+    "memory: swap is on and not accounted, so a job may page out beyond its memory limit";
+
+/// Why the memory limit cannot hold with no swap: `Some` when the host has swap enabled
+/// (`SwapTotal` in `/proc/meminfo` above zero) and the cgroup hierarchy cannot cap it.
+/// Without swap, or with swap accounting, the memory limit is the whole bound.
+pub fn swap_gap(swap_accounting: bool, meminfo: &str) -> Option<String> {
+    if swap_accounting {
+        return None;
+    }
+    let swap_kib = meminfo.lines().find_map(|line| {
+        let rest = line.strip_prefix("SwapTotal:")?;
+        rest.trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()
+    })?;
+    (swap_kib > 0).then(|| {
+        format!(
+            "this host has {} MiB of swap and its cgroups do not account swap, so a job could \
+             page out beyond its memory limit",
+            swap_kib / 1024
+        )
+    })
+}
+
+fn read_meminfo() -> String {
+    // Unreadable /proc/meminfo: no evidence of swap either way; the cgroup check stands.
+    std::fs::read_to_string("/proc/meminfo").unwrap_or_default()
+}
+
+fn swap_refusal(gap: String) -> NativeError {
+    NativeError::Unsupported {
+        control: "swap",
+        reason: format!(
+            "{gap}. Enable swap accounting (cgroup v1: boot with swapaccount=1; v2: the \
+             memory controller with memory.swap.max), or turn swap off (swapoff -a), or accept \
+             it with [native] allow_degraded = [\"swap\"]"
+        ),
+    }
+}
+
 /// Opens the cgroup hierarchy and checks that job groups can be created under the parent.
 fn open_cgroups(config: &NativeConfig) -> Result<CgroupManager, String> {
     let hierarchy = Hierarchy::detect().map_err(|e| e.to_string())?;
@@ -1059,4 +1121,43 @@ pub fn current_exe() -> Result<PathBuf, NativeError> {
         path: Path::new("/proc/self/exe").to_owned(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WITH_SWAP: &str = "MemTotal:       24000000 kB\nSwapCached:            0 kB\nSwapTotal:       2097148 kB\nSwapFree:        2097148 kB\n";
+    const WITHOUT_SWAP: &str =
+        "MemTotal:       24000000 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n";
+
+    #[test]
+    fn swap_without_accounting_is_a_gap() {
+        let gap = swap_gap(false, WITH_SWAP).expect("a gap");
+        assert!(gap.contains("2047 MiB of swap"), "{gap}");
+    }
+
+    #[test]
+    fn swap_accounting_or_no_swap_is_no_gap() {
+        assert_eq!(swap_gap(true, WITH_SWAP), None);
+        assert_eq!(swap_gap(false, WITHOUT_SWAP), None);
+        // Nothing known about swap: no evidence of a gap.
+        assert_eq!(swap_gap(false, ""), None);
+    }
+
+    #[test]
+    fn the_swap_refusal_names_the_control_and_every_fix() {
+        let NativeError::Unsupported { control, reason } = swap_refusal("gap".to_owned()) else {
+            panic!("not an Unsupported error");
+        };
+        assert_eq!(control, "swap");
+        for fix in [
+            "swapaccount=1",
+            "memory.swap.max",
+            "swapoff",
+            "allow_degraded = [\"swap\"]",
+        ] {
+            assert!(reason.contains(fix), "{reason}");
+        }
+    }
 }

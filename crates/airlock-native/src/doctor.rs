@@ -273,14 +273,36 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
                 .unwrap_or_else(|| "not known until airlock's cgroup parent exists".into()),
             swap_fix,
         ),
-        Presence::Missing => Check::warning(
-            &format!("cgroup {version} swap limit"),
-            r.swap_accounting
+        Presence::Missing => {
+            let why = r
+                .swap_accounting
                 .explanation
                 .clone()
-                .unwrap_or_else(|| "swap accounting is off".into()),
-            swap_fix,
-        ),
+                .unwrap_or_else(|| "swap accounting is off".into());
+            let name = format!("cgroup {version} swap limit");
+            let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+            match crate::backend::swap_gap(false, &meminfo) {
+                // No swap on this host: the memory limit is the whole bound.
+                None => Check::ok(&name, format!("{why}; but this host has no swap enabled")),
+                Some(gap)
+                    if policy
+                        .native
+                        .allow_degraded
+                        .contains(&airlock_core::policy::DegradedControl::Swap) =>
+                {
+                    Check::warning(
+                        &name,
+                        format!("{gap}; the policy accepts it (every observation lists this)"),
+                        swap_fix,
+                    )
+                }
+                Some(gap) => Check::missing(
+                    &name,
+                    format!("{gap}: jobs are refused"),
+                    format!("{swap_fix}; or swapoff -a; or [native] allow_degraded = [\"swap\"]"),
+                ),
+            }
+        }
     });
     checks.push(if r.parent.writable {
         Check::ok(
