@@ -59,24 +59,22 @@ wait_for() { # SOCKET WHAT
 }
 
 docker_sock=/var/run/docker.sock
-# runsc as a Docker runtime: no network stack of its own (the container has none), the
-# default platform (kvm hangs on this kind of host), and the OCI seccomp profile loaded
-# inside the sandbox (without it the job would run with no seccomp filter). airlock-broken
-# is a runtime that always fails, for the suite's container-fails-to-start check.
-daemon_json="$state/daemon.json"
-cat >"$daemon_json" <<'JSON'
-{
-  "runtimes": {
-    "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]},
-    "airlock-broken": {"path": "/bin/false"}
-  }
-}
-JSON
+# The daemon's runtimes (scripts/ci/dockerd.json, shared with images.sh and kube.sh): runsc
+# with no network stack of its own (the container has none), the default platform (kvm
+# hangs on this kind of host), and the OCI seccomp profile loaded inside the sandbox
+# (without it the job would run with no seccomp filter). For the suite's
+# container-fails-to-start check, runtimes that fail when a container starts:
+# airlock-broken (/bin/false, for --backend docker) and airlock-broken-runsc (runsc asked
+# for a platform that does not exist, for --backend gvisor).
+daemon_json="$PWD/scripts/ci/dockerd.json"
 if curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1; then
   log "dockerd already running; using it"
-  if ! docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
-    echo "the running dockerd has no runsc runtime; add to its daemon.json: $(cat "$daemon_json")" >&2
-  fi
+  runtimes=$(docker info --format '{{json .Runtimes}}')
+  for runtime in runsc airlock-broken airlock-broken-runsc; do
+    if ! grep -q "\"$runtime\"" <<<"$runtimes"; then
+      echo "the running dockerd has no $runtime runtime; add to its daemon.json: $(cat "$daemon_json")" >&2
+    fi
+  done
 else
   log "starting dockerd"
   dockerd --config-file "$daemon_json" >"$state/dockerd.log" 2>&1 &
@@ -92,6 +90,26 @@ else
   podman system service --time=0 "unix://$podman_sock" >"$state/podman.log" 2>&1 &
   started_pids+=($!)
   wait_for "$podman_sock" "podman system service"
+fi
+# A second Podman service whose default runtime fails when a container starts (/bin/false),
+# for the suite's container-fails-to-start check: Podman's Docker-compatible API ignores the
+# runtime a request names, so only a service's default can be broken. Only this service
+# reads the file (CONTAINERS_CONF): the distribution's containers.conf plus that runtime.
+podman_broken_sock=/run/podman/airlock-broken.sock
+if curl -sf --unix-socket "$podman_broken_sock" http://localhost/_ping >/dev/null 2>&1; then
+  log "broken podman service already running; using it"
+else
+  podman_conf="$state/containers-broken.conf"
+  sed -e 's|^\[engine\.runtimes\]$|&\nairlock-broken = ["/bin/false"]|' \
+    -e 's|^\[engine\]$|&\nruntime = "airlock-broken"|' \
+    /usr/share/containers/containers.conf >"$podman_conf"
+  [ "$(grep -c '^airlock-broken = \|^runtime = "airlock-broken"' "$podman_conf")" = 2 ] \
+    || { echo "no [engine] and [engine.runtimes] tables in /usr/share/containers/containers.conf" >&2; exit 1; }
+  log "starting a podman system service with a broken default runtime"
+  CONTAINERS_CONF="$podman_conf" \
+    podman system service --time=0 "unix://$podman_broken_sock" >"$state/podman-broken.log" 2>&1 &
+  started_pids+=($!)
+  wait_for "$podman_broken_sock" "the broken podman system service"
 fi
 lap daemons
 
@@ -143,6 +161,7 @@ lap image
 # image and the host. Build and run the suite for every backend.
 export AIRLOCK_REQUIRE_ALL=1
 export AIRLOCK_DOCKER_SOCKET="$docker_sock" AIRLOCK_PODMAN_SOCKET="$podman_sock"
+export AIRLOCK_PODMAN_BROKEN_SOCKET="$podman_broken_sock"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 log "building airlock, the probe and the conformance suite"
 cargo build --locked -q -p airlock-cli -p airlock-testkit --bins

@@ -63,12 +63,8 @@ docker_sock=/var/run/docker.sock
 if ! curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1; then
   log "starting dockerd"
   # The same runtimes as scripts/ci/docker.sh's daemon: the conformance suite below
-  # needs runsc and airlock-broken (a runtime that always fails).
-  cat >"$work/daemon.json" <<'JSON'
-{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]},
-              "airlock-broken": {"path": "/bin/false"}}}
-JSON
-  dockerd --config-file "$work/daemon.json" >"$work/dockerd.log" 2>&1 &
+  # needs runsc and the runtimes that fail on purpose.
+  dockerd --config-file "$PWD/scripts/ci/dockerd.json" >"$work/dockerd.log" 2>&1 &
   started_pids+=($!)
   for _ in $(seq 1 300); do
     curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1 && break

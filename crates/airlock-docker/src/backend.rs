@@ -212,6 +212,20 @@ impl DockerBackend {
             socket: self.config.socket.clone(),
             source,
         })?;
+        if let Some(runtime) = &self.config.runtime
+            && self.config.flavor == Flavor::Podman
+        {
+            // Podman's Docker-compatible API runs every container with the service's
+            // default runtime and ignores the one a request names (seen with podman 4.3:
+            // HostConfig.Runtime "runsc" ran runc). The runtime holds only as the default.
+            let default = info.default_runtime.clone().unwrap_or_default();
+            if &default != runtime {
+                return Err(DockerError::RuntimeNotHonoured {
+                    runtime: runtime.clone(),
+                    default,
+                });
+            }
+        }
         if let Some(runtime) = &self.config.runtime {
             let runtimes = info.runtimes.clone().unwrap_or_default();
             match runtimes.get(runtime) {

@@ -88,12 +88,20 @@ pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
             let runtimes = info.runtimes.unwrap_or_default();
             let mut names: Vec<&str> = runtimes.keys().map(String::as_str).collect();
             names.sort_unstable();
-            let detail = format!(
-                "available: {}; default {}",
-                names.join(", "),
-                info.default_runtime.unwrap_or_default()
-            );
+            let default = info.default_runtime.unwrap_or_default();
+            let detail = format!("available: {}; default {default}", names.join(", "));
             match &config.runtime {
+                Some(runtime) if flavor == Flavor::Podman && *runtime != default => {
+                    checks.push(check(
+                        &format!("{prefix}: runtime {runtime}"),
+                        Status::Missing,
+                        format!(
+                            "{detail}: the service's Docker-compatible API runs every container \
+                             with its default runtime, so jobs are refused"
+                        ),
+                        Some("make it the service's default (containers.conf [engine] runtime), or set podman_runtime = \"\""),
+                    ));
+                }
                 Some(runtime) if !runtimes.is_empty() && !runtimes.contains_key(runtime) => {
                     checks.push(check(
                         &format!("{prefix}: runtime {runtime}"),

@@ -50,6 +50,20 @@ pub enum DockerError {
         /// How to register it.
         fix: &'static str,
     },
+    /// Podman's service would run the job with another runtime than the policy names: its
+    /// Docker-compatible API uses the service's default runtime whatever a request asks.
+    #[error(
+        "podman_runtime is {runtime:?} but the Podman service runs every container with its \
+         default runtime {default:?} (its Docker-compatible API ignores the runtime a request \
+         names); make {runtime:?} the service's default (containers.conf [engine] runtime) or \
+         set podman_runtime = \"\" to accept the default"
+    )]
+    RuntimeNotHonoured {
+        /// The runtime the policy names.
+        runtime: String,
+        /// The service's default runtime.
+        default: String,
+    },
     /// The job's rootfs is not an image pinned by digest.
     #[error(
         "the {backend} backend runs images only: set [filesystem] rootfs = \"image:REF@sha256:…\" (the policy has {rootfs})"
@@ -161,6 +175,7 @@ impl DockerError {
             DockerError::Connect { .. }
             | DockerError::Version { .. }
             | DockerError::RuntimeMissing { .. }
+            | DockerError::RuntimeNotHonoured { .. }
             | DockerError::ImageMissing { .. }
             | DockerError::ProxyConfig(_) => ErrorKind::BackendUnavailable,
             DockerError::NotAnImage { .. }

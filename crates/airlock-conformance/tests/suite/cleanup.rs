@@ -176,26 +176,59 @@ conformance! {
         assert_nothing_left(t, &tag, &job);
     }
 
-    fn a_container_that_fails_to_start_is_removed(t: &Target) {
-        if t.kind == Kind::Kube {
-            return a_pod_whose_image_is_missing_fails_and_is_removed(t);
-        }
-        if t.kind != Kind::Docker {
-            // Needs a runtime registered to fail (scripts/ci/docker.sh registers
-            // `airlock-broken` = /bin/false with dockerd); the native backend has no
-            // containers, and gvisor/podman share this path of the code.
-            eprintln!("{}: covered by the docker run of this check", t.name());
-            return;
-        }
-        let policy = t.policy_with("", "", "runtime = \"airlock-broken\"");
+}
+
+/// Start failures exist only where a runtime starts a container (the native backend has no
+/// runtime; it finds a missing interpreter before it creates anything: `bad_input` tests
+/// that).
+mod start {
+    use pretty_assertions::assert_eq;
+
+    use super::super::common::{Kind, Target, marker};
+    use super::{a_pod_whose_image_is_missing_fails_and_is_removed, assert_nothing_left};
+
+    fn assert_start_failed_and_nothing_left(t: &Target, policy: &std::path::Path) {
         let tag = marker("nostart");
         let source = format!("# {tag}\nprint('never')");
-        let run = t.run_with(&policy, &["-c", &source]);
+        let run = t.run_with(policy, &["-c", &source]);
         assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
         assert_eq!(run.obs["error"]["kind"], "internal", "{:#}", run.obs);
         let message = run.obs["error"]["message"].as_str().unwrap();
-        assert!(message.contains("start container"), "{message}");
+        // Podman runs the OCI runtime when airlock attaches to the created container,
+        // Docker when it starts it.
+        let step = if t.kind == Kind::Podman {
+            "attach to container"
+        } else {
+            "start container"
+        };
+        assert!(message.contains(step), "{message}");
         assert_nothing_left(t, &tag, run.obs["job_id"].as_str().unwrap());
+    }
+
+    conformance_on! {
+        [docker: Docker, gvisor: Gvisor, podman: Podman, kube: Kube]
+        fn a_container_that_fails_to_start_is_removed(t: &Target) {
+            if t.kind == Kind::Kube {
+                return a_pod_whose_image_is_missing_fails_and_is_removed(t);
+            }
+            // A runtime that fails when the container starts, registered by
+            // scripts/ci/docker.sh: /bin/false with dockerd, runsc asked for a platform that
+            // does not exist for gvisor; for podman, whose Docker-compatible API ignores the
+            // runtime a request names, a second service with /bin/false as its default.
+            let policy = match t.kind {
+                Kind::Gvisor => t.policy_with("", "", "gvisor_runtime = \"airlock-broken-runsc\""),
+                Kind::Podman => {
+                    let broken = std::env::var("AIRLOCK_PODMAN_BROKEN_SOCKET").unwrap_or_default();
+                    airlock_testkit::require!(
+                        !broken.is_empty() && std::path::Path::new(&broken).exists(),
+                        "AIRLOCK_PODMAN_BROKEN_SOCKET names no socket (scripts/ci/docker.sh starts a Podman service with a failing default runtime)"
+                    );
+                    t.policy_on_podman_socket(std::path::Path::new(&broken), "")
+                }
+                _ => t.policy_with("", "", "runtime = \"airlock-broken\""),
+            };
+            assert_start_failed_and_nothing_left(t, &policy);
+        }
     }
 }
 

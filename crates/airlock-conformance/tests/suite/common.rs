@@ -243,10 +243,6 @@ impl Target {
         self.dir.path()
     }
 
-    pub fn name(&self) -> &'static str {
-        self.kind.name()
-    }
-
     /// `--backend B`, and `--warm` where this kind puts a job with these arguments
     /// through the warm path.
     pub fn backend_args(&self, args: &[&str]) -> Vec<&'static str> {
@@ -301,6 +297,23 @@ impl Target {
 
     pub fn policy(&self) -> PathBuf {
         self.policy_with("", "", "")
+    }
+
+    /// [`Target::policy_with`] (`extra` in `[docker]`) with `podman_socket` replaced.
+    pub fn policy_on_podman_socket(&self, socket: &Path, extra: &str) -> PathBuf {
+        let path = self.policy_with("", "", extra);
+        let default = format!(
+            "podman_socket = {:?}",
+            podman_socket().display().to_string()
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(&default), "{text}");
+        let moved = text.replace(
+            &default,
+            &format!("podman_socket = {:?}", socket.display().to_string()),
+        );
+        std::fs::write(&path, moved).unwrap();
+        path
     }
 
     /// The `[kube]` section of the kube backend's policies (empty for the others): the
@@ -588,5 +601,21 @@ macro_rules! conformance {
                 }
             )*
         }
+    };
+}
+
+/// [`conformance!`] for the named backends only, for a check that has no meaning on the
+/// others (it is then absent there, never passed without testing anything):
+/// `conformance_on! { [docker: Docker, podman: Podman] fn check(t: &Target) { ... } }`.
+macro_rules! conformance_on {
+    ([$($module:ident: $kind:ident),*] $(fn $name:ident($t:ident: &Target) $body:block)*) => {
+        $(fn $name($t: &Target) $body)*
+        conformance_on!(@each [$($module: $kind),*] ($($name)*));
+    };
+    (@each [$($module:ident: $kind:ident),*] $names:tt) => {
+        $(conformance_on!(@one $module, $kind, $names);)*
+    };
+    (@one $module:ident, $kind:ident, ($($name:ident)*)) => {
+        conformance!(@backend $module, $kind, $($name)*);
     };
 }

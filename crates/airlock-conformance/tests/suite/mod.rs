@@ -2,6 +2,7 @@
 pub mod common;
 mod basics;
 mod cleanup;
+mod doctor;
 mod images;
 mod limits;
 mod out;
