@@ -24,7 +24,9 @@ fn run_probe_obs(t: &Target, filesystem: &str, extra: &[&str]) -> (ProbeReport, 
     let mut cmd = t.cmd();
     // A secret in airlock's own environment must never reach the job.
     cmd.env("OPENAI_API_KEY", "sk-airlock-canary-secret");
-    cmd.args(["run", "--json", "--backend", t.kind.backend(), "--policy"])
+    cmd.args(["run", "--json"])
+        .args(t.backend_args(&[]))
+        .arg("--policy")
         .arg(&policy);
     let probe = if t.kind == Kind::Kube {
         KUBE_PROBE_PATH.to_owned()
@@ -34,9 +36,24 @@ fn run_probe_obs(t: &Target, filesystem: &str, extra: &[&str]) -> (ProbeReport, 
         cmd.arg("--file").arg(format!("probe={}", probe.display()));
         "/work/probe".to_owned()
     };
-    cmd.args(["-l", "sh", "-c"])
-        .arg(format!("exec {probe} report {}", extra.join(" ")));
+    if t.kind == Kind::Warm {
+        // Warm sandboxes wait with a Python interpreter loaded: the job is Python that
+        // becomes the probe, in the very sandbox the interpreter was started in.
+        let argv: Vec<String> = ["/work/probe", "report"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(extra.iter().map(|s| (*s).to_owned()))
+            .collect();
+        cmd.args(["-l", "python", "-c"])
+            .arg(format!("import os\nos.execv('/work/probe', {argv:?})"));
+    } else {
+        cmd.args(["-l", "sh", "-c"])
+            .arg(format!("exec {probe} report {}", extra.join(" ")));
+    }
     let run = super::common::json_run(cmd.output().unwrap());
+    if t.kind == Kind::Warm {
+        super::common::assert_ran_warm(&run);
+    }
     assert_eq!(run.obs["ok"], true, "{:#}\n{}", run.obs, run.stderr);
     assert_eq!(run.obs["stdout_truncated"], false);
     let report = ProbeReport::from_json(run.obs["stdout"].as_str().unwrap())
@@ -170,12 +187,17 @@ conformance! {
             assert!(dev.contains(&node.to_owned()), "/dev lacks {node}: {dev:?}");
         }
 
-        // Environment: the allowlist only (PWD is the shell's own).
+        // Environment: the allowlist only (PWD is the shell's own; warm jobs are Python,
+        // which sets none).
         assert!(!r.env.contains_key("OPENAI_API_KEY"), "{:?}", r.env);
         assert!(!r.env.values().any(|v| v.contains("sk-airlock-canary-secret")));
         let mut names: Vec<&str> = r.env.keys().map(String::as_str).collect();
         names.sort_unstable();
-        assert_eq!(names, vec!["HOME", "LANG", "PATH", "PWD", "PYTHONDONTWRITEBYTECODE"]);
+        let mut allowed = vec!["HOME", "LANG", "PATH", "PWD", "PYTHONDONTWRITEBYTECODE"];
+        if t.kind == Kind::Warm {
+            allowed.retain(|n| *n != "PWD");
+        }
+        assert_eq!(names, allowed);
 
         // The denied syscalls fail with EPERM (the same reviewed filter everywhere).
         for call in [
