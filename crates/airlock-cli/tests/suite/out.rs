@@ -68,7 +68,7 @@ fn links_fifos_and_devices_in_out_are_rejected_and_never_followed() {
     std::fs::write(&host_secret, "HOST-ONLY-CONTENT").unwrap();
     let out = env.path().join("out");
     let job = format!(
-        "import os\nos.symlink('/etc/passwd', '/out/passwd')\nos.symlink({:?}, '/out/host')\nos.mkfifo('/out/fifo')\nopen('/out/ok.txt', 'w').write('fine')\nos.link('/out/ok.txt', '/out/ok2.txt')\nopen('/out/plain.txt', 'w').write('plain')",
+        "import os, socket\nos.symlink('/etc/passwd', '/out/passwd')\nos.symlink({:?}, '/out/host')\nos.mkfifo('/out/fifo')\nsocket.socket(socket.AF_UNIX).bind('/out/sock')\nopen('/out/ok.txt', 'w').write('fine')\nos.link('/out/ok.txt', '/out/ok2.txt')\nopen('/out/plain.txt', 'w').write('plain')",
         host_secret.display().to_string()
     );
     let run = env.run_json(&["--out", out.to_str().unwrap(), "-c", &job]);
@@ -94,6 +94,7 @@ fn links_fifos_and_devices_in_out_are_rejected_and_never_followed() {
     assert!(reason_of("passwd").contains("symbolic link"), "{reasons:?}");
     assert!(reason_of("host").contains("symbolic link"), "{reasons:?}");
     assert_eq!(reason_of("fifo"), "fifo");
+    assert_eq!(reason_of("sock"), "socket");
     assert!(reason_of("ok.txt").contains("hard link"), "{reasons:?}");
     let released: Vec<&str> = run.obs["files"]
         .as_array()
@@ -112,6 +113,10 @@ fn links_fifos_and_devices_in_out_are_rejected_and_never_followed() {
     let text = run.obs.to_string();
     assert!(!text.contains("HOST-ONLY-CONTENT"));
     assert!(!text.contains("root:x:0:0"));
+    // The audit line counts what was held back as well as what was released.
+    let audit = env.audit_lines();
+    assert_eq!(audit[0]["files_released"], 1);
+    assert_eq!(audit[0]["files_rejected"], reasons.len(), "{reasons:?}");
 }
 
 #[test]

@@ -172,3 +172,21 @@ fn the_executors_own_secrets_are_redacted_even_if_a_job_learns_them() {
         run.obs
     );
 }
+
+#[test]
+fn secrets_on_stderr_are_redacted_too() {
+    require_native!();
+    let env = TestEnv::new();
+    // A traceback that quotes a token, as a failing client library would print it.
+    let source = "import sys\n\
+                  print('Traceback (most recent call last):', file=sys.stderr)\n\
+                  print('AuthError: bad key xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx', file=sys.stderr)\n\
+                  sys.exit(1)";
+    let run = env.run_json(&["-c", source]);
+    assert_eq!(run.obs["exit_code"], 1, "{:#}", run.obs);
+    let stderr = run.obs["stderr"].as_str().unwrap();
+    assert!(!stderr.contains("xoxb-1234"), "{stderr}");
+    assert!(stderr.contains("AuthError: bad key [REDACTED:"), "{stderr}");
+    assert_eq!(run.obs["redactions"], 1);
+    assert_eq!(env.audit_lines()[0]["redactions"], 1);
+}
