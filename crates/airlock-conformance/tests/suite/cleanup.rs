@@ -120,6 +120,38 @@ fn assert_nothing_left(t: &Target, tag: &str, job: &str) {
     }
 }
 
+/// airlock gets `signal` while a job runs: it kills the job, removes everything, prints an
+/// error observation naming the signal and writes the audit line.
+fn interrupted_airlock_kills_the_job_cleans_up_and_audits(
+    t: &Target,
+    signal: rustix::process::Signal,
+    name: &str,
+) {
+    let tag = marker(&name.to_lowercase());
+    let (child, job) = start_long_job(t, &tag, &t.policy_with("timeout = \"60s\"", "", ""));
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
+    let run = super::common::json_run(child.wait_with_output().unwrap());
+    assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+    let message = run.obs["error"]["message"].as_str().unwrap();
+    assert!(message.contains(name), "{message}");
+    assert_eq!(run.code, 125);
+    if t.kind == Kind::Warm {
+        assert!(job.starts_with("warm-"), "{job}");
+    } else {
+        assert_eq!(run.obs["job_id"], job.as_str());
+    }
+    // Right when airlock has exited: its own shutdown path removed everything.
+    assert_eq!(
+        host_pids_with(&tag),
+        Vec::<u32>::new(),
+        "job processes survived"
+    );
+    assert_nothing_left(t, &tag, &job);
+    let audit = t.audit_lines();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0]["job_id"], run.obs["job_id"]);
+}
+
 conformance! {
     fn files_written_by_one_job_are_absent_in_the_next(t: &Target) {
         let policy = t.policy_with("", "workdir = \"rw\"", "");
@@ -140,25 +172,12 @@ conformance! {
     }
 
     fn sigterm_kills_the_job_cleans_up_and_audits(t: &Target) {
-        let tag = marker("sigterm");
-        let (child, job) = start_long_job(t, &tag, &t.policy_with("timeout = \"60s\"", "", ""));
-        rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::TERM).unwrap();
-        let run = super::common::json_run(child.wait_with_output().unwrap());
-        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
-        let message = run.obs["error"]["message"].as_str().unwrap();
-        assert!(message.contains("SIGTERM"), "{message}");
-        assert_eq!(run.code, 125);
-        if t.kind == Kind::Warm {
-            assert!(job.starts_with("warm-"), "{job}");
-        } else {
-            assert_eq!(run.obs["job_id"], job.as_str());
-        }
-        // Right when airlock has exited: its own shutdown path removed everything.
-        assert_eq!(host_pids_with(&tag), Vec::<u32>::new(), "job processes survived");
-        assert_nothing_left(t, &tag, &job);
-        let audit = t.audit_lines();
-        assert_eq!(audit.len(), 1);
-        assert_eq!(audit[0]["job_id"], run.obs["job_id"]);
+        interrupted_airlock_kills_the_job_cleans_up_and_audits(t, rustix::process::Signal::TERM, "SIGTERM");
+    }
+
+    fn sigint_kills_the_job_cleans_up_and_audits(t: &Target) {
+        // Ctrl-C at a terminal.
+        interrupted_airlock_kills_the_job_cleans_up_and_audits(t, rustix::process::Signal::INT, "SIGINT");
     }
 
     fn a_killed_airlock_is_swept_by_the_next_run(t: &Target) {
