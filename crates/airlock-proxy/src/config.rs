@@ -278,6 +278,23 @@ pub enum Resolver {
     Static(HashMap<String, Vec<IpAddr>>),
     /// The policy's `[network] hosts` table first, then the host's resolver.
     SystemWithHosts(HashMap<String, Vec<IpAddr>>),
+    /// A resolver of the embedding program's own (or a test's), called with the name,
+    /// once per request like the others.
+    Function(ResolveFn),
+}
+
+/// A name-to-addresses function for [`Resolver::Function`]; an `Err` says why the name
+/// does not resolve.
+#[derive(Clone)]
+pub struct ResolveFn(pub Arc<ResolveFnInner>);
+
+/// The function behind a [`ResolveFn`].
+pub type ResolveFnInner = dyn Fn(&str) -> Result<Vec<IpAddr>, String> + Send + Sync;
+
+impl fmt::Debug for ResolveFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResolveFn(..)")
+    }
 }
 
 /// A name as the table keys it: lower case, without a trailing dot.

@@ -123,6 +123,10 @@ async fn resolve(resolver: &Resolver, name: &str, port: u16) -> Result<Vec<IpAdd
             .filter(|answers| !answers.is_empty())
             .cloned()
             .ok_or_else(|| format!("{name} has no address in the policy's hosts table")),
+        Resolver::Function(resolve) => match (resolve.0)(name) {
+            Ok(answers) if answers.is_empty() => Err(format!("{name} has no address")),
+            answer => answer,
+        },
         Resolver::System | Resolver::SystemWithHosts(_) => {
             let answers = tokio::net::lookup_host((name, port))
                 .await

@@ -55,7 +55,7 @@ mod server;
 mod state;
 mod tunnel;
 
-pub use config::{ConnectGate, ProxyConfig, Resolver, Secret, SecretValue};
+pub use config::{ConnectGate, ProxyConfig, ResolveFn, Resolver, Secret, SecretValue};
 pub use error::ProxyError;
 pub use host::{DEFAULT_PORTS, HostError, HostRule, TargetHost};
 pub use ranges::{

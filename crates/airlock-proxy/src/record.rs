@@ -103,7 +103,8 @@ pub struct ProxySummary {
     /// Every request and tunnel, in the order they ended.
     pub connections: Vec<ConnectionRecord>,
     /// Requests refused after the connection limit was reached; they have no record of
-    /// their own, so that the records stay bounded.
+    /// their own, so that the records stay bounded: the audit gets one record with their
+    /// number ([`ProxySummary::into_report`]).
     pub refused_after_limit: u64,
     /// Connects attempted to upstream addresses.
     pub upstream_connects: u64,
@@ -131,8 +132,30 @@ impl ProxySummary {
                 .connections
                 .iter()
                 .filter_map(|record| serde_json::to_value(record).ok())
+                .chain(self.refused_after_limit_record())
                 .collect(),
         }
+    }
+
+    /// The audit record of the requests refused once the connection limit was used up:
+    /// one record for all of them, with their number, so that a job opening connections
+    /// in a loop cannot grow the audit log without bound, and none goes unaudited.
+    fn refused_after_limit_record(&self) -> Option<serde_json::Value> {
+        (self.refused_after_limit > 0).then(|| {
+            serde_json::json!({
+                "method": "",
+                "host": "",
+                "port": 0,
+                "resolved": null,
+                "verdict": "denied",
+                "reason": "connection limit",
+                "status": 429,
+                "limit": LimitKind::Connections,
+                "refused": self.refused_after_limit,
+                "bytes_up": 0,
+                "bytes_down": 0,
+            })
+        })
     }
 
     /// The number of allowed and denied records.

@@ -68,6 +68,8 @@ pub struct Setup {
     pub secrets: Vec<SecretSpec>,
     pub secret_values: HashMap<String, String>,
     pub limits: ProxyLimits,
+    /// The resolver; `None`: the static table of [`resolver`].
+    pub resolver: Option<Resolver>,
 }
 
 impl Setup {
@@ -84,6 +86,7 @@ impl Setup {
                 connect_timeout: Duration::from_secs(5),
                 idle_timeout: Duration::from_secs(30),
             },
+            resolver: None,
         }
     }
 
@@ -102,7 +105,7 @@ impl Setup {
         let config =
             ProxyConfig::from_policy(&network, &self.allow, |name| values.get(name).cloned())
                 .unwrap()
-                .with_resolver(resolver())
+                .with_resolver(self.resolver.unwrap_or_else(resolver))
                 .with_connect_gate(Arc::new(move |addr: SocketAddr| {
                     record.0.lock().unwrap().push(addr);
                     addr.ip().is_loopback()

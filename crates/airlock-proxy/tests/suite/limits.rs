@@ -36,6 +36,16 @@ async fn the_connection_after_the_last_allowed_one_is_refused() {
     assert_eq!(summary.refused_after_limit, 2);
     assert_eq!(summary.limit_hit, Some(LimitKind::Connections));
     assert_eq!(summary.upstream_connects, 2);
+    // Every request is audited: the three with records, and the two refused after the
+    // limit as one record with their number.
+    let report = summary.into_report();
+    assert_eq!(report.counts.connections, 5);
+    assert_eq!(report.counts.denied, 3);
+    assert_eq!(report.connections.len(), 4, "{:#?}", report.connections);
+    let last = report.connections.last().unwrap();
+    assert_eq!(last["verdict"], "denied", "{last:#}");
+    assert_eq!(last["limit"], "connections");
+    assert_eq!(last["refused"], 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

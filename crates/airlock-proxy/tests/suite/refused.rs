@@ -282,3 +282,92 @@ async fn the_proxy_never_dials_itself() {
     let summary = handle.shutdown().await;
     assert_eq!(summary.upstream_connects, 0);
 }
+
+/// A resolver whose first answer for a name is 127.0.0.1 and every later one 127.0.0.2,
+/// with the count of lookups.
+fn rebinding_resolver() -> (
+    airlock_proxy::Resolver,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let lookups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lookups.clone();
+    let resolve = airlock_proxy::ResolveFn(std::sync::Arc::new(move |name: &str| {
+        assert_eq!(name, "rebind.test");
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let ip = if n == 0 { "127.0.0.1" } else { "127.0.0.2" };
+        Ok(vec![ip.parse().unwrap()])
+    }));
+    (airlock_proxy::Resolver::Function(resolve), lookups)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_whose_answer_changes_after_the_check_is_dialled_at_the_checked_address() {
+    // DNS rebinding: the checked answer is the allowed 127.0.0.1; any later lookup
+    // answers 127.0.0.2, outside the allowed 127.0.0.1/32, where a canary listens on the
+    // same port. A proxy that resolved again to connect would reach the canary.
+    let upstream = Upstream::start(Upstream::body("checked")).await;
+    let port = upstream.port();
+    let canary = std::net::TcpListener::bind(("127.0.0.2", port)).unwrap();
+    canary.set_nonblocking(true).unwrap();
+    for tunnel in [false, true] {
+        let (resolver, lookups) = rebinding_resolver();
+        let mut setup = Setup::allowing(&[entry("rebind.test", port)]);
+        setup.resolver = Some(resolver);
+        let proxy = setup.start();
+        if tunnel {
+            let (status, _, _) = connect(proxy.addr, &entry("rebind.test", port)).await;
+            assert_eq!(status, 200);
+        } else {
+            let answer = get(proxy.addr, &format!("http://rebind.test:{port}/"), &[]).await;
+            assert_eq!(answer.status, 200);
+            assert_eq!(answer.text(), "checked");
+        }
+        // One lookup, and the connect went to the address that was checked.
+        assert_eq!(lookups.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let dialled = proxy.dialled.all();
+        assert_eq!(dialled.len(), 1, "{dialled:?}");
+        assert_eq!(dialled[0].ip().to_string(), "127.0.0.1");
+        assert!(
+            canary.accept().is_err(),
+            "the proxy reached the rebound address"
+        );
+        let summary = proxy.settle_and_shutdown(1).await;
+        assert_eq!(
+            summary.connections[0].resolved.map(|ip| ip.to_string()),
+            Some("127.0.0.1".to_owned())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_rebinds_to_a_blocked_address_on_its_next_lookup_is_refused_then() {
+    // The reverse order: a request whose (only) lookup answers the blocked address is
+    // refused, whatever an earlier lookup of the same name answered.
+    let upstream = Upstream::start(Upstream::body("checked")).await;
+    let port = upstream.port();
+    let lookups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lookups.clone();
+    let rebinding = airlock_proxy::ResolveFn(std::sync::Arc::new(move |_: &str| {
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let ip = if n == 0 {
+            "127.0.0.1"
+        } else {
+            "169.254.169.254"
+        };
+        Ok(vec![ip.parse().unwrap()])
+    }));
+    let mut setup = Setup::allowing(&[entry("rebind.test", port)]);
+    setup.resolver = Some(airlock_proxy::Resolver::Function(rebinding));
+    let proxy = setup.start();
+    let first = get(proxy.addr, &format!("http://rebind.test:{port}/"), &[]).await;
+    assert_eq!(first.status, 200);
+    let second = get(proxy.addr, &format!("http://rebind.test:{port}/"), &[]).await;
+    assert_eq!(second.status, 403, "{}", second.text());
+    assert!(
+        second.text().contains("169.254.169.254"),
+        "{}",
+        second.text()
+    );
+    assert_eq!(proxy.dialled.all().len(), 1);
+    proxy.settle_and_shutdown(2).await;
+}
