@@ -30,6 +30,11 @@ fn proxy_policy(t: &Target, allow: &[String], extra: &str) -> PathBuf {
 }
 
 fn run_proxy(t: &Target, policy: &std::path::Path, source: &str) -> JsonRun {
+    run_proxy_with(t, policy, &[], source)
+}
+
+/// [`run_proxy`] with more `airlock run` arguments.
+fn run_proxy_with(t: &Target, policy: &std::path::Path, args: &[&str], source: &str) -> JsonRun {
     let mut cmd = t.cmd();
     cmd.env("REAL_TOKEN", SECRET_VALUE);
     cmd.args([
@@ -42,6 +47,7 @@ fn run_proxy(t: &Target, policy: &std::path::Path, source: &str) -> JsonRun {
         "--policy",
     ])
     .arg(policy)
+    .args(args)
     .args(["-c", source]);
     json_run(cmd.output().unwrap())
 }
@@ -204,5 +210,89 @@ conformance! {
         assert_eq!(obs["stdout"], "200\n200\n429\n", "{obs:#}");
         assert_eq!(obs["network"]["limit_hit"], "connection limit");
         assert_eq!(server.requests().len(), 2);
+    }
+
+    fn the_proxy_byte_cap_holds(t: &Target) {
+        // 1 MiB from upstream through a 64 KiB budget: the job gets at most the budget.
+        let body: &'static str = "x".repeat(1 << 20).leak();
+        let server = RecordingServer::start(body);
+        let allowed = format!("api.test:{}", server.port);
+        let policy = proxy_policy(t, std::slice::from_ref(&allowed), "[network.limits]\nbytes = \"64KiB\"");
+        let source = format!(
+            "import urllib.request\n\
+             got = 0\n\
+             try:\n\
+             \x20   with urllib.request.urlopen('http://{allowed}/big', timeout=10) as r:\n\
+             \x20       while chunk := r.read(8192):\n\
+             \x20           got += len(chunk)\n\
+             except Exception as e:\n\
+             \x20   pass\n\
+             print(got)"
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        let got: u64 = obs["stdout"].as_str().unwrap().trim().parse().unwrap();
+        assert!(got <= 64 * 1024, "{got} bytes through a 64 KiB cap: {obs:#}");
+        assert_eq!(obs["network"]["limit_hit"], "byte limit", "{obs:#}");
+        assert!(obs["network"]["bytes_down"].as_u64().unwrap() <= 64 * 1024, "{obs:#}");
+    }
+
+    fn the_proxy_idle_timeout_ends_a_silent_upstream(t: &Target) {
+        // An upstream that accepts and never answers: the proxy ends the request after
+        // idle_timeout, and the audit line says so.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in silent.incoming().flatten() {
+                held.push(stream);
+            }
+        });
+        let allowed = format!("api.test:{port}");
+        let policy = proxy_policy(t, std::slice::from_ref(&allowed), "[network.limits]\nidle_timeout = \"1s\"");
+        let source = format!(
+            "import time, urllib.request\n\
+             t0 = time.monotonic()\n\
+             try:\n\
+             \x20   urllib.request.urlopen('http://{allowed}/', timeout=30)\n\
+             \x20   print('answered')\n\
+             except Exception as e:\n\
+             \x20   print('ended', getattr(e, 'code', ''), round(time.monotonic() - t0))"
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        let stdout = obs["stdout"].as_str().unwrap();
+        assert!(stdout.starts_with("ended"), "{obs:#}");
+        let waited: u64 = stdout.split_whitespace().last().unwrap().parse().unwrap();
+        assert!(waited < 10, "the job waited {waited} s for a 1 s idle timeout");
+        let audit = t.audit_lines();
+        let line = audit.iter().find(|l| l["event"] == "connection").expect("a connection line");
+        assert_eq!(line["limit"], "idle_timeout", "{line:#}");
+    }
+
+    fn allow_on_the_command_line_narrows_the_policys_list(t: &Target) {
+        let server = RecordingServer::start("ok");
+        let port = server.port;
+        let policy = proxy_policy(t, &[format!("api.test:{port}"), format!("other.test:{port}")], "");
+        let source = format!(
+            "import urllib.request\n\
+             for host in ['api.test', 'other.test']:\n\
+             \x20   try:\n\
+             \x20       print(host, urllib.request.urlopen(f'http://{{host}}:{port}/', timeout=5).status)\n\
+             \x20   except Exception as e:\n\
+             \x20       print(host, getattr(e, 'code', e))"
+        );
+        let narrowed = format!("api.test:{port}");
+        let run = run_proxy_with(t, &policy, &["--allow", &narrowed], &source);
+        if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
+            assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
+            return;
+        }
+        assert_eq!(run.obs["stdout"], "api.test 200\nother.test 403\n", "{:#}", run.obs);
+        assert_eq!(server.requests().len(), 1);
+        // A host the policy does not allow cannot be added from the command line.
+        let run = run_proxy_with(t, &policy, &["--allow", "evil.test:80"], "print('never')");
+        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+        assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
+        assert!(run.obs["error"]["message"].as_str().unwrap().contains("evil.test"), "{:#}", run.obs);
+        assert_eq!(run.code, 125);
     }
 }
