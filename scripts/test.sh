@@ -44,6 +44,9 @@ need=()
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v python3 >/dev/null || need+=(python3)
 command -v curl >/dev/null || need+=(curl)
+# The node language test runs /usr/bin/node in the host rootfs (machines of this kind have
+# it; Debian's nodejs where not).
+[ -x /usr/bin/node ] || need+=(nodejs)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq

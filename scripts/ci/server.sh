@@ -31,8 +31,10 @@ if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
 fi
-# The venv, with the pinned-by-name clients (reinstalled only when the list changes).
-packages="mcp openapi-spec-validator schemathesis"
+# The venv, with the clients pinned to versions this script was last run with (reinstalled
+# only when the list changes): a new release of one cannot break CI by surprise. To move
+# on, bump a pin and run this script.
+packages="mcp==2.3.0 openapi-spec-validator==0.9.0 schemathesis==4.32.5"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.airlock-packages" 2>/dev/null)" != "$packages" ]; then
   log "creating $venv with: $packages"
   rm -rf "$venv"
@@ -42,7 +44,7 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.airlock-packages" 2>/dev/null
   "$venv/bin/pip" install -q $packages
   echo "$packages" >"$venv/.airlock-packages"
 fi
-"$venv/bin/pip" list 2>/dev/null | grep -iE '^(mcp|openapi-spec-validator|schemathesis) ' >&2 || true
+"$venv/bin/pip" list 2>/dev/null | grep -iE '^(mcp|openapi-spec-validator|schemathesis|hypothesis) ' >&2 || true
 
 # The airlock binary.
 if [ -z "${AIRLOCK_BIN:-}" ]; then
