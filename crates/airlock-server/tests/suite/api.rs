@@ -338,11 +338,13 @@ fn without_tokens_only_loopback_is_served() {
 fn the_python_example_in_the_docs_is_the_tested_one() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let example = std::fs::read_to_string(root.join("tests/py/run_in_container.py")).unwrap();
-    let doc = std::fs::read_to_string(root.join("../../docs/serve.md")).unwrap();
-    assert!(
-        doc.contains(&example),
-        "docs/serve.md must hold tests/py/run_in_container.py verbatim"
-    );
+    for doc in ["../../docs/serve.md", "../../README.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        assert!(
+            text.contains(&example),
+            "{doc} must hold tests/py/run_in_container.py verbatim"
+        );
+    }
 }
 
 #[tokio::test]
