@@ -2,13 +2,19 @@
 //! `oci-archive:`), or a `docker save` archive. Archives are first unpacked into the
 //! store's staging area with the same checks as layers; every blob is checked against its
 //! digest as it is copied in; the image is unpacked (diff_ids checked) before it gets a
-//! record.
+//! record. Every file of the layout or archive is opened beneath its directory: a symlink
+//! in it may lead elsewhere inside it (`docker save` links a repeated layer to its first
+//! copy), never out of it.
 
-use std::fs::{self, File};
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{BufReader, Read};
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 use oci_spec::image::ImageIndex;
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 use serde::Deserialize;
 
 use crate::digest::{Digest, HashingReader};
@@ -100,12 +106,59 @@ pub fn import_dir(
     }
 }
 
-fn read_small(path: &Path) -> Result<Vec<u8>, OciError> {
-    let file = File::open(path).map_err(|e| OciError::store_io("open", path, e))?;
+/// Opens `rel`, a path inside the directory being imported, for reading: resolved beneath
+/// `dir` (`openat2` with `RESOLVE_BENEATH`), so a symlink that leads out of it (absolute,
+/// or climbing above it) is refused rather than followed to a host file, and only a
+/// regular file is read.
+fn open_inside(dir: &Path, rel: &str) -> Result<File, OciError> {
+    let parts = normalize_entry_path(rel.as_bytes())
+        .map_err(|reason| format_err(dir, format!("{rel:?}: {reason}")))?;
+    let rel_path: PathBuf = parts.iter().map(|p| OsStr::from_bytes(p)).collect();
+    let path = dir.join(&rel_path);
+    let dir_fd = rustix::fs::open(
+        dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| OciError::store_io("open", dir, e.into()))?;
+    // NONBLOCK: a FIFO opens at once (and is refused below) instead of hanging the import.
+    let fd = rustix::fs::openat2(
+        &dir_fd,
+        &rel_path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| match e {
+        Errno::XDEV => format_err(
+            dir,
+            format!("{rel:?} leads out of the directory (a symlink out of it?)"),
+        ),
+        Errno::NOSYS => OciError::store_io(
+            "open (openat2: Linux 5.6 or later is needed to import images safely)",
+            &path,
+            e.into(),
+        ),
+        e => OciError::store_io("open", &path, e.into()),
+    })?;
+    let file = File::from(fd);
+    let meta = file
+        .metadata()
+        .map_err(|e| OciError::store_io("stat", &path, e))?;
+    if !meta.is_file() {
+        return Err(format_err(dir, format!("{rel:?} is not a regular file")));
+    }
+    Ok(file)
+}
+
+/// Reads a small JSON file (`index.json`, `manifest.json`, a config) of the directory.
+fn read_small(dir: &Path, rel: &str) -> Result<Vec<u8>, OciError> {
+    let path = dir.join(rel);
     let mut bytes = Vec::new();
-    file.take(image::JSON_MAX_BYTES + 1)
+    open_inside(dir, rel)?
+        .take(image::JSON_MAX_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| OciError::store_io("read", path, e))?;
+        .map_err(|e| OciError::store_io("read", &path, e))?;
     if bytes.len() as u64 > image::JSON_MAX_BYTES {
         return Err(OciError::Bound {
             what: path.display().to_string(),
@@ -124,8 +177,7 @@ fn copy_layout_blob(
     limit: u64,
     what: &str,
 ) -> Result<(), OciError> {
-    let path = dir.join("blobs/sha256").join(digest.hex());
-    let file = File::open(&path).map_err(|e| OciError::store_io("open blob", &path, e))?;
+    let file = open_inside(dir, &format!("blobs/sha256/{}", digest.hex()))?;
     store.add_blob(BufReader::new(file), Some((digest, size)), limit, what)?;
     Ok(())
 }
@@ -137,7 +189,7 @@ fn import_oci_layout(
     source: &str,
 ) -> Result<ImageRecord, OciError> {
     let index_path = dir.join("index.json");
-    let index_bytes = read_small(&index_path)?;
+    let index_bytes = read_small(dir, "index.json")?;
     let index: ImageIndex =
         serde_json::from_slice(&index_bytes).map_err(|source| OciError::ParseJson {
             what: index_path.display().to_string(),
@@ -202,7 +254,7 @@ fn import_oci_layout(
     };
     let _store_lock = store.lock_store(false)?;
     let (manifest, manifest_size) = if image::is_index(&media_type) {
-        let bytes = read_small(&dir.join("blobs/sha256").join(digest.hex()))?;
+        let bytes = read_small(dir, &format!("blobs/sha256/{}", digest.hex()))?;
         let actual = Digest::of_bytes(&bytes);
         if actual != digest {
             return Err(OciError::DigestMismatch {
@@ -263,17 +315,6 @@ struct DockerSaveEntry {
     layers: Vec<String>,
 }
 
-/// A path inside the archive directory, refusing one that leaves it.
-fn inside(dir: &Path, rel: &str) -> Result<std::path::PathBuf, OciError> {
-    let parts = normalize_entry_path(rel.as_bytes())
-        .map_err(|reason| format_err(dir, format!("manifest.json names {rel:?}: {reason}")))?;
-    let mut path = dir.to_owned();
-    for p in parts {
-        path.push(String::from_utf8_lossy(&p).as_ref());
-    }
-    Ok(path)
-}
-
 fn import_docker_save(
     store: &ImageStore,
     dir: &Path,
@@ -281,7 +322,7 @@ fn import_docker_save(
     source: &str,
 ) -> Result<ImageRecord, OciError> {
     let manifest_path = dir.join("manifest.json");
-    let entries: Vec<DockerSaveEntry> = serde_json::from_slice(&read_small(&manifest_path)?)
+    let entries: Vec<DockerSaveEntry> = serde_json::from_slice(&read_small(dir, "manifest.json")?)
         .map_err(|source| OciError::ParseJson {
             what: manifest_path.display().to_string(),
             source,
@@ -319,21 +360,16 @@ fn import_docker_save(
             });
         }
     };
-    let config_bytes = read_small(&inside(dir, &entry.config)?)?;
+    let config_bytes = read_small(dir, &entry.config)?;
     let _store_lock = store.lock_store(false)?;
     let config = store.add_blob_bytes(&config_bytes)?;
     let mut descriptors = Vec::new();
     for layer in &entry.layers {
-        let path = inside(dir, layer)?;
-        let mut file = File::open(&path).map_err(|e| OciError::store_io("open layer", &path, e))?;
-        let mut head = [0u8; 4];
-        let n = file
-            .read(&mut head)
-            .map_err(|e| OciError::store_io("read layer", &path, e))?;
-        let compression = Compression::sniff(&head[..n]);
-        let file = File::open(&path).map_err(|e| OciError::store_io("open layer", &path, e))?;
-        let (digest, size) =
-            store.add_blob(BufReader::new(file), None, LAYER_BLOB_MAX_BYTES, "layer")?;
+        let mut file = BufReader::new(open_inside(dir, layer)?);
+        let head = std::io::BufRead::fill_buf(&mut file)
+            .map_err(|e| OciError::store_io("read layer", dir.join(layer), e))?;
+        let compression = Compression::sniff(&head[..head.len().min(4)]);
+        let (digest, size) = store.add_blob(file, None, LAYER_BLOB_MAX_BYTES, "layer")?;
         descriptors.push((digest, size, compression.oci_media_type().to_owned()));
     }
     // The config's diff_ids pair with the layers; parse_image checks the count, and the
@@ -353,6 +389,5 @@ fn import_docker_save(
             .cloned()
             .collect(),
     };
-    let _ = fs::metadata(dir);
     store.commit(&manifest, &names, source)
 }
