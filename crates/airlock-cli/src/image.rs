@@ -198,6 +198,8 @@ fn run(args: ImageArgs) -> Result<ExitCode, String> {
                             human_bytes(r.layers_size()),
                             if store.rootfs_path(&r.id).is_dir() {
                                 "yes"
+                            } else if r.build_base_only.is_some() {
+                                "base only"
                             } else {
                                 "no"
                             }
@@ -274,7 +276,13 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 fn print_pinned(record: &ImageRecord) {
     println!("{}", record.id);
     let name = record.names.first().map_or("image", String::as_str);
-    eprintln!("pin it: rootfs = \"image:{name}@{}\"", record.id);
+    match &record.build_base_only {
+        None => eprintln!("pin it: rootfs = \"image:{name}@{}\"", record.id),
+        Some(reason) => eprintln!(
+            "jobs refuse this image ({reason}); build from it: base = \"image:{name}@{}\"",
+            record.id
+        ),
+    }
 }
 
 fn human_bytes(n: u64) -> String {

@@ -324,28 +324,13 @@ pub fn build(
             Base::Image(reference) => {
                 let record = store.resolve(&reference)?;
                 step(&format!("base image {}", record.id));
-                let (tree, _) = store.rootfs(&record.id)?;
-                run_tool(
-                    "base",
-                    Command::new("cp")
-                        .arg("-a")
-                        .arg(format!("{}/.", tree.display()))
-                        .arg(&root)
-                        .arg("--no-target-directory"),
-                    &step,
-                )
-                .or_else(|_| {
-                    fs::create_dir_all(&root)
-                        .map_err(|e| OciError::store_io("create", &root, e))?;
-                    run_tool(
-                        "base",
-                        Command::new("cp")
-                            .arg("-a")
-                            .arg(format!("{}/.", tree.display()))
-                            .arg(&root),
-                        &step,
-                    )
-                })?;
+                // Unpacked here, not copied from the cache: a stock image's setuid files
+                // and device nodes, which jobs refuse, are dropped as they come.
+                if let Some(first) = store.unpack_build_base(&record, &root)? {
+                    step(&format!(
+                        "dropped the base's setuid/setgid bits, device nodes and FIFOs (first: {first})"
+                    ));
+                }
                 if !spec.packages.is_empty() {
                     apt_install(&root, &spec.packages, &step)?;
                 }

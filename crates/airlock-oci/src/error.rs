@@ -93,6 +93,16 @@ pub enum OciError {
         /// Why.
         reason: String,
     },
+    /// An image whose layers have what jobs must not run, recorded for builds only.
+    #[error(
+        "image {image} is for builds only ({reason}): jobs run no setuid files or device nodes; build from it (base = \"image:NAME@{image}\"), which strips them"
+    )]
+    BuildBaseOnly {
+        /// The image id.
+        image: String,
+        /// The first such entry.
+        reason: String,
+    },
     /// No image in the store matches.
     #[error("no image {query} in the store {store}")]
     ImageNotFound {

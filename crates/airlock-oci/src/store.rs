@@ -26,7 +26,7 @@ use sha2::{Digest as _, Sha256};
 use crate::digest::{Digest, HashingReader, is_bound_exceeded};
 use crate::error::OciError;
 use crate::image::{self, LayerRef, ParsedImage};
-use crate::unpack::{self, Compression, UnpackLimits, Unpacker};
+use crate::unpack::{self, Compression, EntryPolicy, UnpackLimits, Unpacker};
 
 /// Largest layer blob accepted, in bytes (compressed, as stored).
 pub const LAYER_BLOB_MAX_BYTES: u64 = 16 << 30;
@@ -69,6 +69,12 @@ pub struct ImageRecord {
     pub user: Option<String>,
     /// The layers, lowest first.
     pub layers: Vec<LayerRef>,
+    /// Why jobs refuse the image, when its layers have what no tree jobs run on may have
+    /// (setuid/setgid files, device nodes, FIFOs: `layer L: entry E: reason`). Such an
+    /// image has no unpacked tree; it serves as a build's base (`base = "image:…"`),
+    /// which strips that content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_base_only: Option<String>,
 }
 
 impl ImageRecord {
@@ -257,6 +263,14 @@ impl BlobWriter {
         }
         Ok((digest, self.bytes))
     }
+}
+
+/// What an unpack into the cache gave.
+enum Cached {
+    /// The tree is in place; whether this call unpacked it.
+    Ready(bool),
+    /// Not in place: the layers have what jobs must not run (the first such entry).
+    BuildBaseOnly(String),
 }
 
 /// A held lock; released on drop.
@@ -625,7 +639,20 @@ impl ImageStore {
         let (manifest_bytes, parsed) = self.parse_stored(manifest, &format!("image {manifest}"))?;
         let manifest_media_type = image::declared_media_type(&manifest_bytes)
             .unwrap_or_else(|| image::MEDIA_OCI_MANIFEST.to_owned());
-        self.ensure_rootfs(&parsed.id, &parsed.layers)?;
+        // Unpacked as a build's base would be: the layers' every other check and digest
+        // hold, and an image that only jobs must refuse (a stock Debian image's setuid
+        // `su`, a debootstrap tree's /dev) is recorded, without a tree, for builds.
+        let build_base_only = match self.unpack_into_cache(
+            &parsed.id,
+            &parsed.layers,
+            EntryPolicy::BuildBase,
+        )? {
+            Cached::Ready(_) => None,
+            Cached::BuildBaseOnly(reason) => {
+                tracing::warn!(image = %parsed.id, %reason, "recorded for builds only: jobs refuse it");
+                Some(reason)
+            }
+        };
         let _store = self.lock_store(true)?;
         let previous = self.record(&parsed.id)?;
         let mut all_names: Vec<String> = previous
@@ -650,6 +677,7 @@ impl ImageStore {
             added_unix_secs: previous
                 .as_ref()
                 .map_or_else(now_secs, |r| r.added_unix_secs),
+            build_base_only,
             source: previous
                 .as_ref()
                 .map_or_else(|| source.to_owned(), |r| r.source.clone()),
@@ -698,22 +726,65 @@ impl ImageStore {
             query: id.to_string(),
             store: self.root.clone(),
         })?;
+        if let Some(reason) = record.build_base_only {
+            return Err(OciError::BuildBaseOnly {
+                image: id.to_string(),
+                reason,
+            });
+        }
         let unpacked = self.ensure_rootfs(id, &record.layers)?;
         Ok((dir, unpacked))
     }
 
     /// Unpacks an image's layers into `rootfs/ID` unless it is there: under the image's
     /// lock, into a staging directory, renamed into place when complete. Returns whether
-    /// this call unpacked.
+    /// this call unpacked. Content no tree jobs run on may have is refused.
     pub fn ensure_rootfs(&self, id: &Digest, layers: &[LayerRef]) -> Result<bool, OciError> {
+        match self.unpack_into_cache(id, layers, EntryPolicy::Run)? {
+            Cached::Ready(unpacked) => Ok(unpacked),
+            // EntryPolicy::Run refuses rather than drops; never reached.
+            Cached::BuildBaseOnly(reason) => Err(OciError::BuildBaseOnly {
+                image: id.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Unpacks a build's base into `dest` (created here, its parent must exist): every
+    /// layer checked as for the cache, except that setuid/setgid bits are dropped and
+    /// device nodes and FIFOs left out, which the build strips anyway. The cache is not
+    /// touched, so an image recorded for builds only serves too.
+    /// Returns the first entry dropped or changed, if any.
+    pub fn unpack_build_base(
+        &self,
+        record: &ImageRecord,
+        dest: &Path,
+    ) -> Result<Option<String>, OciError> {
+        // Shared: no rm collects the blobs while they are read.
+        let _store = self.lock_store(false)?;
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dest)
+            .map_err(|e| OciError::store_io("create directory", dest, e))?;
+        self.unpack_layers(dest, &record.layers, EntryPolicy::BuildBase)
+    }
+
+    /// The unpack behind [`ImageStore::ensure_rootfs`] and [`ImageStore::commit`]: under
+    /// `policy`, a tree that would lack or change entries is not moved into the cache.
+    fn unpack_into_cache(
+        &self,
+        id: &Digest,
+        layers: &[LayerRef],
+        policy: EntryPolicy,
+    ) -> Result<Cached, OciError> {
         let dir = self.rootfs_path(id);
         if dir.is_dir() {
-            return Ok(false);
+            return Ok(Cached::Ready(false));
         }
         let _lock = self.lock_image(id)?;
         if dir.is_dir() {
             // Another job or process unpacked it while this one waited.
-            return Ok(false);
+            return Ok(Cached::Ready(false));
         }
         self.sweep_staging(id);
         let staging = tempfile::Builder::new()
@@ -726,15 +797,21 @@ impl ImageStore {
             .create(&tree)
             .map_err(|e| OciError::store_io("create directory", &tree, e))?;
         let started = std::time::Instant::now();
-        let result = self.unpack_layers(&tree, layers);
-        if let Err(e) = result {
-            let _ = unpack::remove_tree(&tree);
-            return Err(e);
+        match self.unpack_layers(&tree, layers, policy) {
+            Ok(None) => {}
+            Ok(Some(dropped)) => {
+                let _ = unpack::remove_tree(&tree);
+                return Ok(Cached::BuildBaseOnly(dropped));
+            }
+            Err(e) => {
+                let _ = unpack::remove_tree(&tree);
+                return Err(e);
+            }
         }
         fs::rename(&tree, &dir)
             .map_err(|e| OciError::store_io("move unpacked tree into place", &dir, e))?;
         tracing::info!(image = %id, layers = layers.len(), elapsed_ms = started.elapsed().as_millis() as u64, "image unpacked");
-        Ok(true)
+        Ok(Cached::Ready(true))
     }
 
     /// Removes staging directories a crashed unpack of this image left (we hold its lock).
@@ -749,8 +826,14 @@ impl ImageStore {
         }
     }
 
-    fn unpack_layers(&self, tree: &Path, layers: &[LayerRef]) -> Result<(), OciError> {
-        let mut unpacker = Unpacker::new(tree, self.limits)?;
+    /// Unpacks `layers` into `tree`; returns the first entry `policy` dropped, if any.
+    fn unpack_layers(
+        &self,
+        tree: &Path,
+        layers: &[LayerRef],
+        policy: EntryPolicy,
+    ) -> Result<Option<String>, OciError> {
+        let mut unpacker = Unpacker::new(tree, self.limits)?.with_policy(policy);
         for layer in layers {
             let name = layer.digest.to_string();
             let compression = Compression::from_media_type(&layer.media_type).ok_or_else(|| {
@@ -819,7 +902,9 @@ impl ImageStore {
                 });
             }
         }
-        unpacker.finish()
+        let dropped = unpacker.first_dropped().map(str::to_owned);
+        unpacker.finish()?;
+        Ok(dropped)
     }
 
     /// Removes an image: its record, its unpacked tree, and every blob no other image

@@ -11,6 +11,11 @@
 //! Ownership in the archive is ignored: the tree belongs to whoever unpacks it and is
 //! mounted read-only. OCI whiteouts (`.wh.NAME`, `.wh..wh..opq`) remove what lower layers
 //! made, never what the same layer made.
+//!
+//! A build's base ([`EntryPolicy::BuildBase`]) is unpacked with the same checks, except
+//! that setuid/setgid bits are dropped and device nodes and FIFOs left out instead of
+//! refused: the build strips them anyway, and stock images (Debian's `su`, `mount`, a
+//! debootstrap tree's `/dev`) have them.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
@@ -110,12 +115,29 @@ impl Compression {
     }
 }
 
+/// What the unpacker does with content a tree jobs run on must not have: setuid/setgid
+/// files, device nodes, FIFOs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EntryPolicy {
+    /// A tree jobs run on: such entries are refused.
+    #[default]
+    Run,
+    /// A build's base, which the build strips anyway: setuid/setgid bits are dropped,
+    /// device nodes and FIFOs left out, and the first such entry is noted
+    /// ([`Unpacker::first_dropped`]).
+    BuildBase,
+}
+
 /// Unpacks layers, in order, into one directory.
 #[derive(Debug)]
 pub struct Unpacker {
     root: OwnedFd,
     root_path: PathBuf,
     limits: UnpackLimits,
+    policy: EntryPolicy,
+    /// The first entry [`EntryPolicy::BuildBase`] dropped or changed, as the refusal
+    /// [`EntryPolicy::Run`] would have given.
+    first_dropped: Option<String>,
     bytes: u64,
     entries: u64,
     /// Final modes of directories, applied at the end (they stay 0700 while unpacking, so
@@ -126,6 +148,8 @@ pub struct Unpacker {
 /// A refused entry or a failed operation, before the layer's name is attached.
 enum EntryError {
     Refused(String),
+    /// Refused only in a tree jobs run on (see [`EntryPolicy`]).
+    NotRunnable(String),
     Io(String, io::Error),
 }
 
@@ -210,10 +234,24 @@ impl Unpacker {
             root: fd,
             root_path: root.to_owned(),
             limits,
+            policy: EntryPolicy::Run,
+            first_dropped: None,
             bytes: 0,
             entries: 0,
             dirs: BTreeMap::new(),
         })
+    }
+
+    /// The same unpacker with another [`EntryPolicy`].
+    pub fn with_policy(mut self, policy: EntryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Under [`EntryPolicy::BuildBase`], the first entry dropped or changed (`layer L:
+    /// entry E: reason`); `None` when the tree is as the layers say, fit to run.
+    pub fn first_dropped(&self) -> Option<&str> {
+        self.first_dropped.as_deref()
     }
 
     /// Bytes of tar stream read so far, over all layers.
@@ -245,21 +283,39 @@ impl Unpacker {
                 });
             }
             let raw = entry.path_bytes().into_owned();
-            self.apply_entry(&mut entry, &raw, &mut created)
-                .map_err(|e| match e {
-                    EntryError::Refused(reason) => OciError::UnpackEntry {
+            let result = match self.apply_entry(layer, &mut entry, &raw, &mut created) {
+                // Left out of a build's base.
+                Err(EntryError::NotRunnable(reason)) if self.policy == EntryPolicy::BuildBase => {
+                    self.note_dropped(layer, &raw, &reason);
+                    Ok(())
+                }
+                other => other,
+            };
+            result.map_err(|e| match e {
+                EntryError::Refused(reason) | EntryError::NotRunnable(reason) => {
+                    OciError::UnpackEntry {
                         layer: layer.to_owned(),
                         entry: String::from_utf8_lossy(&raw).into_owned(),
                         reason,
-                    },
-                    EntryError::Io(op, source) => self.layer_io(
-                        layer,
-                        &format!("{op} {}", String::from_utf8_lossy(&raw)),
-                        source,
-                    ),
-                })?;
+                    }
+                }
+                EntryError::Io(op, source) => self.layer_io(
+                    layer,
+                    &format!("{op} {}", String::from_utf8_lossy(&raw)),
+                    source,
+                ),
+            })?;
         }
         Ok(archive.into_inner())
+    }
+
+    fn note_dropped(&mut self, layer: &str, raw: &[u8], reason: &str) {
+        if self.first_dropped.is_none() {
+            self.first_dropped = Some(format!(
+                "layer {layer}: entry {:?}: {reason}",
+                String::from_utf8_lossy(raw)
+            ));
+        }
     }
 
     /// Records bytes read by the caller's bounded reader.
@@ -287,6 +343,7 @@ impl Unpacker {
 
     fn apply_entry<R: Read>(
         &mut self,
+        layer: &str,
         entry: &mut tar::Entry<'_, R>,
         raw: &[u8],
         created: &mut HashSet<Vec<u8>>,
@@ -306,10 +363,15 @@ impl Unpacker {
             return self.apply_whiteout(parent, name, created);
         }
         if !kind.is_dir() && mode & 0o6000 != 0 {
-            return Err(refused(format!(
+            let reason = format!(
                 "setuid/setgid file (mode {:o}); airlock runs no setuid programs",
                 mode & 0o7777
-            )));
+            );
+            match self.policy {
+                EntryPolicy::Run => return Err(EntryError::NotRunnable(reason)),
+                // The file is written below with its permission bits only (mode & 0o777).
+                EntryPolicy::BuildBase => self.note_dropped(layer, raw, &reason),
+            }
         }
         let parent_fd = self.open_dir(parent, true)?;
         match kind {
@@ -419,9 +481,11 @@ impl Unpacker {
                 .map_err(errno_io("create hard link"))?;
             }
             tar::EntryType::Char | tar::EntryType::Block => {
-                return Err(refused("device node; images get their /dev from airlock"));
+                return Err(EntryError::NotRunnable(
+                    "device node; images get their /dev from airlock".to_owned(),
+                ));
             }
-            tar::EntryType::Fifo => return Err(refused("FIFO")),
+            tar::EntryType::Fifo => return Err(EntryError::NotRunnable("FIFO".to_owned())),
             tar::EntryType::GNUSparse => return Err(refused("sparse file")),
             tar::EntryType::XGlobalHeader
             | tar::EntryType::XHeader

@@ -1,5 +1,7 @@
 //! Hostile layers: each is refused with an error naming the entry, and nothing is written
-//! outside the store (nor kept in it).
+//! outside the store (nor kept in it). Setuid files, device nodes and FIFOs, which stock
+//! images have, are refused to jobs only: such an image is recorded for builds, without a
+//! tree.
 
 use airlock_oci::OciError;
 use airlock_oci::unpack::UnpackLimits;
@@ -13,6 +15,35 @@ fn refused(tar: Vec<u8>, expect: &str) -> Area {
     assert!(text.contains(expect), "expected {expect:?} in: {text}");
     area.assert_nothing_kept();
     area
+}
+
+/// An image jobs must refuse but a build may take as its base: recorded with the reason,
+/// no tree in the cache, and every way a job reaches it refused naming the entry.
+fn refused_to_jobs(tar: Vec<u8>, expect: &str) {
+    let area = Area::new();
+    let store = area.store();
+    let record = make_image(&store, &[tar]).unwrap();
+    let reason = record
+        .build_base_only
+        .clone()
+        .expect("recorded for builds only");
+    assert!(reason.contains(expect), "expected {expect:?} in: {reason}");
+    assert!(!store.rootfs_path(&record.id).exists());
+    let err = store.rootfs(&record.id).unwrap_err();
+    assert!(matches!(err, OciError::BuildBaseOnly { .. }), "{err}");
+    assert!(err.to_string().contains(expect), "{err}");
+    let err =
+        airlock_oci::store::rootfs_for_job(store.root(), "t", record.id.as_str()).unwrap_err();
+    assert!(err.to_string().contains("for builds only"), "{err}");
+    // The unpack the cache does for jobs refuses it by itself, record or not.
+    let err = store.ensure_rootfs(&record.id, &record.layers).unwrap_err();
+    assert!(matches!(err, OciError::UnpackEntry { .. }), "{err}");
+    assert!(err.to_string().contains(expect), "{err}");
+    for sub in ["rootfs", "tmp"] {
+        let left: Vec<_> = std::fs::read_dir(store.root().join(sub)).unwrap().collect();
+        assert!(left.is_empty(), "left in store/{sub}: {left:?}");
+    }
+    assert!(area.written_outside_store().is_empty());
 }
 
 #[test]
@@ -127,20 +158,20 @@ fn hard_links_out_of_the_tree_are_refused() {
 }
 
 #[test]
-fn device_nodes_and_fifos_are_refused() {
-    refused(
+fn device_nodes_and_fifos_are_refused_to_jobs() {
+    refused_to_jobs(
         TarBuilder::new()
             .special("dev-null", tar::EntryType::Char)
             .finish(),
         "device node",
     );
-    refused(
+    refused_to_jobs(
         TarBuilder::new()
             .special("sda", tar::EntryType::Block)
             .finish(),
         "device node",
     );
-    refused(
+    refused_to_jobs(
         TarBuilder::new()
             .special("fifo", tar::EntryType::Fifo)
             .finish(),
@@ -149,14 +180,26 @@ fn device_nodes_and_fifos_are_refused() {
 }
 
 #[test]
-fn setuid_and_setgid_files_are_refused() {
-    refused(
+fn setuid_and_setgid_files_are_refused_to_jobs() {
+    refused_to_jobs(
         TarBuilder::new().file("su", 0o4755, b"x").finish(),
         "setuid/setgid",
     );
-    refused(
+    refused_to_jobs(
         TarBuilder::new().file("wall", 0o2755, b"x").finish(),
         "setuid/setgid",
+    );
+}
+
+#[test]
+fn a_build_base_is_still_refused_for_everything_else() {
+    // A setuid file first, then an escape: the escape still refuses the whole image.
+    refused(
+        TarBuilder::new()
+            .file("su", 0o4755, b"x")
+            .symlink("evil", "../../etc/shadow")
+            .finish(),
+        "points out of the tree",
     );
 }
 

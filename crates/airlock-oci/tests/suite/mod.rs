@@ -1,3 +1,4 @@
+mod build;
 pub mod common;
 mod concurrency;
 mod e2e;
