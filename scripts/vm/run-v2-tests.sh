@@ -32,6 +32,7 @@ cli_tests=(
   suite::cleanup::two_hundred_jobs_leave_nothing_behind
   suite::probe::probe_sees_a_locked_down_sandbox
   suite::basics::readme_hello_job_prints_45
+  suite::basics::on_cgroup_v2_the_sandbox_is_created_inside_its_cgroup
 )
 
 target_dir="${CARGO_TARGET_DIR:-}"

@@ -3,12 +3,13 @@
 //! everything down.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use airlock_cgroup::{CgroupManager, Hierarchy, JobCgroup, JobLimits, JobStats, ParentSpec};
+use airlock_cgroup::{
+    CgroupManager, CgroupVersion, Hierarchy, JobCgroup, JobLimits, JobStats, ParentSpec,
+};
 use airlock_core::capture::{BoundedCapture, CapturedOutput};
 use airlock_core::policy::{CgroupParent, DegradedControl, NetworkMode, Policy, RootfsSpec};
 use airlock_core::{
@@ -20,6 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::sync::{Notify, mpsc};
 
 use crate::error::NativeError;
+use crate::helper::{Helper, HelperCommand, HelperInput, HelperOutput, Placement, Started};
 use crate::jobdir::{JobDir, RuntimeDir};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::out::{self, OutCaps};
@@ -493,17 +495,6 @@ impl NativeBackend {
         } else {
             None
         };
-        let mut cmd = std::process::Command::new(&self.config.helper);
-        cmd.arg(INIT_ARG)
-            .env_clear()
-            .current_dir("/")
-            .stdin(if stdin_piped {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
         let mut fds = vec![(&plan_read, PLAN_FD), (&status_write, STATUS_FD)];
         if let Some((_, child_end)) = &handoff {
             fds.push((child_end, HANDOFF_FD));
@@ -511,23 +502,42 @@ impl NativeBackend {
         if let Some((control_read, _)) = &control {
             fds.push((control_read, CONTROL_FD));
         }
-        let passed = airlock_sys::process::pass_fds(&mut cmd, &fds)
-            .map_err(|e| NativeError::Helper(format!("pass descriptors: {e}")))?;
-        let mut cmd = tokio::process::Command::from(cmd);
-        cmd.kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| NativeError::SpawnHelper {
+        // On cgroup v2 the helper is created inside the job's group (one cgroup.procs file,
+        // whose directory is the group); it then has nothing to join.
+        let cgroup_v2_dir = match (&self.cgroups, plan.cgroup_procs.as_slice()) {
+            (Some(manager), [procs]) if manager.version() == CgroupVersion::V2 => procs.parent(),
+            _ => None,
+        };
+        let command = HelperCommand {
+            program: &self.config.helper,
+            args: &[INIT_ARG],
+            stdin_piped,
+            fds: &fds,
+        };
+        let Started {
+            helper: mut child,
+            stdin,
+            stdout,
+            stderr,
+        } = Helper::start(&command, cgroup_v2_dir).map_err(|source| NativeError::SpawnHelper {
             path: self.config.helper.clone(),
             source,
         })?;
-        drop(passed);
         drop(plan_read);
         drop(status_write);
         let control = control.map(|(_theirs, ours)| ours);
-        tracing::debug!(sandbox = %label, "helper spawned");
+        tracing::debug!(sandbox = %label, placement = ?child.placement, "helper spawned");
         let handoff = handoff.map(|(ours, _theirs)| ours);
 
-        let plan_json = serde_json::to_vec(plan)
-            .map_err(|e| NativeError::Helper(format!("encode plan: {e}")))?;
+        let plan_json = match child.placement {
+            Placement::Born => {
+                let mut born = plan.clone();
+                born.cgroup_procs.clear();
+                serde_json::to_vec(&born)
+            }
+            Placement::Joins => serde_json::to_vec(plan),
+        }
+        .map_err(|e| NativeError::Helper(format!("encode plan: {e}")))?;
         let mut plan_sender = tokio::net::unix::pipe::Sender::from_owned_fd(plan_write)
             .map_err(|e| NativeError::Helper(format!("plan pipe: {e}")))?;
         tokio::spawn(async move {
@@ -535,15 +545,6 @@ impl NativeBackend {
             let _ = plan_sender.write_all(&plan_json).await;
         });
 
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| NativeError::Helper("no stdout pipe".into()))?;
-        let stderr = child
-            .stderr
-            .take()
-            .ok_or_else(|| NativeError::Helper("no stderr pipe".into()))?;
-        let stdin = child.stdin.take();
         let status_receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(status_read)
             .map_err(|e| NativeError::Helper(format!("status pipe: {e}")))?;
         let (event_tx, mut events) = mpsc::channel(STATUS_EVENTS_MAX);
@@ -570,7 +571,7 @@ impl NativeBackend {
                     None => break None,
                 },
                 _ = &mut setup_deadline => {
-                    let _ = child.start_kill();
+                    child.start_kill();
                     let _ = tokio::time::timeout(KILL_GRACE, child.wait()).await;
                     return Err(NativeError::Helper(format!(
                         "the sandbox was not ready within {} s", SETUP_TIMEOUT.as_secs()
@@ -618,13 +619,13 @@ impl NativeBackend {
             None
         };
         if plan.send_out_dir && out_dir.is_none() {
-            let _ = child.start_kill();
+            child.start_kill();
             return Err(NativeError::Helper(
                 "the sandbox did not hand over /out".into(),
             ));
         }
         if plan.proxy_port.is_some() && proxy_listener.is_none() {
-            let _ = child.start_kill();
+            child.start_kill();
             return Err(NativeError::Helper(
                 "the sandbox did not hand over the proxy socket".into(),
             ));
@@ -695,13 +696,13 @@ impl NativeBackend {
             (Some(listener), Some(config)) => Some(
                 airlock_proxy::spawn(std::net::TcpListener::from(listener), config).map_err(
                     |e| {
-                        let _ = child.start_kill();
+                        child.start_kill();
                         NativeError::Helper(format!("start the egress proxy: {e}"))
                     },
                 )?,
             ),
             (None, Some(_)) => {
-                let _ = child.start_kill();
+                child.start_kill();
                 return Err(NativeError::Helper(
                     "the sandbox did not hand over the proxy socket".into(),
                 ));
@@ -722,7 +723,7 @@ impl NativeBackend {
             }
             (None, None) => (started_at, started_at.saturating_duration_since(spawned_at)),
             _ => {
-                let _ = child.start_kill();
+                child.start_kill();
                 return Err(NativeError::Helper(
                     "a warm sandbox needs its control message, and only a warm sandbox takes one"
                         .into(),
@@ -746,7 +747,7 @@ impl NativeBackend {
         if limit_hit.is_some() {
             // Killing the helper kills the init (parent-death signal), and the init's death
             // kills every process in the pid namespace. Teardown sweeps the cgroup too.
-            let _ = child.start_kill();
+            child.start_kill();
         }
         if tokio::time::timeout(KILL_GRACE, child.wait())
             .await
@@ -820,10 +821,10 @@ pub(crate) fn proxy_config(
 
 /// A sandbox whose program has started: the helper and what the supervisor holds of it.
 pub(crate) struct Launched {
-    child: tokio::process::Child,
-    stdin: Option<tokio::process::ChildStdin>,
-    stdout: tokio::process::ChildStdout,
-    stderr: tokio::process::ChildStderr,
+    child: Helper,
+    stdin: Option<HelperInput>,
+    stdout: HelperOutput,
+    stderr: HelperOutput,
     events: mpsc::Receiver<InitEvent>,
     status_task: tokio::task::JoinHandle<()>,
     out_dir: Option<std::os::fd::OwnedFd>,
@@ -837,12 +838,12 @@ pub(crate) struct Launched {
 impl Launched {
     /// Whether the sandbox's helper is still running (a warm sandbox waiting for its job).
     pub(crate) fn is_alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        self.child.is_running()
     }
 
     /// Kills the sandbox (the helper; the init and the job follow it) and waits for it.
     pub(crate) async fn kill(mut self) {
-        let _ = self.child.start_kill();
+        self.child.start_kill();
         let _ = tokio::time::timeout(KILL_GRACE, self.child.wait()).await;
     }
 }

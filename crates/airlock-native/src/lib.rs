@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod doctor;
 pub mod error;
+mod helper;
 pub mod init;
 pub mod jobdir;
 pub mod mount_plan;

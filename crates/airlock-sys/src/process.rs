@@ -271,3 +271,227 @@ mod tests {
         assert_eq!(&buf[..n], b"hi\n");
     }
 }
+
+/// What [`spawn_into_cgroup`] starts: a program, its arguments and environment, its
+/// working directory, and the descriptors it gets at given numbers (stdio included).
+#[derive(Debug)]
+pub struct SpawnRequest<'a> {
+    /// The program to execute.
+    pub program: &'a CStr,
+    /// Its arguments, `argv[0]` first.
+    pub argv: &'a [CString],
+    /// Its whole environment.
+    pub envp: &'a [CString],
+    /// Its working directory.
+    pub cwd: &'a CStr,
+    /// `(source, target)`: the child gets `source` as descriptor number `target`. Every
+    /// other descriptor of this process is close-on-exec (Rust opens everything so).
+    pub fds: &'a [(std::os::fd::BorrowedFd<'a>, RawFd)],
+}
+
+/// A child started by [`spawn_into_cgroup`].
+#[derive(Debug)]
+pub struct Spawned {
+    /// Its pid.
+    pub pid: Pid,
+    /// A pidfd for it: readable once it exits; waits and signals go through it, so they
+    /// can never reach a recycled pid.
+    pub pidfd: OwnedFd,
+}
+
+/// Why [`spawn_into_cgroup`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// `clone3` with `CLONE_INTO_CGROUP` is not available here (kernel before 5.7, a
+    /// seccomp filter of a container runtime answering `ENOSYS`, a cgroup v1 descriptor):
+    /// nothing was started, and the caller may start the child another way.
+    #[error("clone3 into a cgroup is not available")]
+    Unavailable(#[source] io::Error),
+    /// The child was created but could not execute the program (it has been reaped).
+    #[error("start the program")]
+    Exec(#[source] io::Error),
+    /// Preparing the child failed before anything was started.
+    #[error("prepare the child")]
+    Prepare(#[source] io::Error),
+}
+
+/// The kernel's `struct clone_args` (linux/sched.h), as of 5.7 (`cgroup` last).
+#[repr(C)]
+#[derive(Debug, Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `CLONE_PIDFD` (linux/sched.h).
+const CLONE_PIDFD: u64 = 0x1000;
+/// `CLONE_INTO_CGROUP` (linux/sched.h, 5.7).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Starts `request` as a child that is a member of the cgroup v2 group `cgroup` from its
+/// first instruction (`clone3` with `CLONE_INTO_CGROUP | CLONE_PIDFD`), then executes it.
+///
+/// Placing a child at creation takes the kernel's cgroup locks for reading only, where
+/// moving a process by writing `cgroup.procs` takes `cgroup_threadgroup_rwsem` for writing
+/// and waits for an RCU grace period (several milliseconds per job). Safe to call from a
+/// multithreaded process: between `clone3` and `execve` the child only duplicates
+/// descriptors, resets its signal mask and `SIGPIPE`, changes directory and executes,
+/// all async-signal-safe system calls on memory prepared before the clone; it allocates
+/// nothing and takes no lock.
+pub fn spawn_into_cgroup(
+    request: &SpawnRequest<'_>,
+    cgroup: std::os::fd::BorrowedFd<'_>,
+) -> Result<Spawned, SpawnError> {
+    use std::os::fd::FromRawFd;
+    // Everything the child touches, built before the clone.
+    let mut argv: Vec<*const libc::c_char> = request.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = request.envp.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    // Sources duplicated above every target, so no pair can clobber another's source.
+    let floor = request.fds.iter().map(|(_, t)| *t).max().unwrap_or(2) + 1;
+    let mut held = Vec::with_capacity(request.fds.len());
+    let mut pairs: Vec<(RawFd, RawFd)> = Vec::with_capacity(request.fds.len());
+    for (fd, target) in request.fds {
+        let high = rustix::io::fcntl_dupfd_cloexec(fd, floor)
+            .map_err(|e| SpawnError::Prepare(e.into()))?;
+        pairs.push((high.as_raw_fd(), *target));
+        held.push(high);
+    }
+    // The child reports a failure before exec as its errno on this pipe; a successful
+    // exec closes it (close-on-exec) with nothing written.
+    let (report_read, report_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SpawnError::Prepare(e.into()))?;
+    let report_fd = report_write.as_raw_fd();
+    let mut pidfd: RawFd = -1;
+    let args = CloneArgs {
+        flags: CLONE_PIDFD | CLONE_INTO_CGROUP,
+        pidfd: std::ptr::addr_of_mut!(pidfd) as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: u64::try_from(cgroup.as_raw_fd())
+            .map_err(|_| SpawnError::Prepare(io::Error::from_raw_os_error(libc::EBADF)))?,
+        ..CloneArgs::default()
+    };
+    let program = request.program.as_ptr();
+    let cwd = request.cwd.as_ptr();
+    // SAFETY: `args` is a valid clone_args of the size passed, and its pidfd field points
+    // at a live i32. Without CLONE_VM the child gets a copy of this address space (fork
+    // semantics) and, with stack 0, runs on its copy of this stack; it only runs
+    // `exec_child`, which makes async-signal-safe system calls on data built above.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            std::ptr::addr_of!(args),
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        // SAFETY: in the child of clone3; see exec_child.
+        unsafe { exec_child(&pairs, cwd, program, &argv, &envp, report_fd) }
+    }
+    if ret < 0 {
+        return Err(SpawnError::Unavailable(io::Error::last_os_error()));
+    }
+    drop(report_write);
+    drop(held);
+    let pid = i32::try_from(ret)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| SpawnError::Prepare(io::Error::other("clone3 returned no pid")))?;
+    // SAFETY: with CLONE_PIDFD the kernel stored a new descriptor, owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let mut errno = [0u8; 4];
+    let mut got = 0;
+    while got < errno.len() {
+        match rustix::io::read(&report_read, &mut errno[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(SpawnError::Prepare(e.into())),
+        }
+    }
+    if got == 0 {
+        return Ok(Spawned { pid, pidfd });
+    }
+    // The child exits right after reporting: reap it so no zombie is left.
+    let _ = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(std::os::fd::AsFd::as_fd(&pidfd)),
+        rustix::process::WaitIdOptions::EXITED,
+    );
+    Err(SpawnError::Exec(io::Error::from_raw_os_error(
+        i32::from_ne_bytes(errno),
+    )))
+}
+
+/// The child's side of [`spawn_into_cgroup`]: descriptors into place, signal mask and
+/// `SIGPIPE` back to their defaults (Rust's runtime ignores `SIGPIPE`, and ignored
+/// dispositions survive exec), working directory, exec. Any failure is written to
+/// `report_fd` as an errno and ends the child with status 127.
+///
+/// # Safety
+/// Only in the child of `clone3`/`fork` of a possibly multithreaded process: it calls
+/// nothing but async-signal-safe functions and allocates nothing.
+unsafe fn exec_child(
+    pairs: &[(RawFd, RawFd)],
+    cwd: *const libc::c_char,
+    program: *const libc::c_char,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    report_fd: RawFd,
+) -> ! {
+    let fail = |report_fd: RawFd| -> ! {
+        // SAFETY: errno location of this (only) thread; write and _exit are
+        // async-signal-safe and touch only the 4 bytes on this stack.
+        unsafe {
+            let errno = *libc::__errno_location();
+            let bytes = errno.to_ne_bytes();
+            libc::write(report_fd, bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(127)
+        }
+    };
+    // SAFETY: each call below is an async-signal-safe system call wrapper; the pointers
+    // are to NUL-terminated strings and NULL-terminated arrays built before the clone and
+    // still alive in this copy of the address space.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
+            fail(report_fd);
+        }
+        if libc::signal(libc::SIGPIPE, libc::SIG_DFL) == libc::SIG_ERR {
+            fail(report_fd);
+        }
+        for (source, target) in pairs {
+            if libc::dup2(*source, *target) == -1 {
+                fail(report_fd);
+            }
+        }
+        if libc::chdir(cwd) != 0 {
+            fail(report_fd);
+        }
+        libc::execve(program, argv.as_ptr(), envp.as_ptr());
+        fail(report_fd)
+    }
+}
+
+/// Registers an owned descriptor (a pidfd) with tokio's reactor, for readiness waits.
+///
+/// A safe wrapper: tokio requires that the descriptor stays open and the same for the
+/// `AsyncFd`'s whole life, which an `OwnedFd` moved into it guarantees.
+pub fn async_owned_fd(
+    fd: OwnedFd,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd takes ownership of `fd`; nothing else can close it or change what
+    // its number refers to until the AsyncFd is dropped or into_inner'd.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }.map_err(|e| e.into())
+}

@@ -179,3 +179,26 @@ fn every_job_gets_one_audit_line_with_the_source_hash() {
         "the audit log holds the source"
     );
 }
+
+#[test]
+fn on_cgroup_v2_the_sandbox_is_created_inside_its_cgroup() {
+    require_native!();
+    // A pure v2 host (cgroup2 at /sys/fs/cgroup): the helper is created in the job's group
+    // by clone3(CLONE_INTO_CGROUP); elsewhere it joins it by writing cgroup.procs.
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let env = TestEnv::new();
+    let mut cmd = env.cmd();
+    cmd.env("AIRLOCK_LOG", "airlock_native=debug");
+    cmd.args(["run", "--json", "-l", "sh", "-c", "cat /proc/self/cgroup"]);
+    let run = super::common::json_run(cmd.output().unwrap());
+    assert_eq!(run.obs["ok"], true, "{:#}\n{}", run.obs, run.stderr);
+    let expected = if v2 {
+        "placement=Born"
+    } else {
+        "placement=Joins"
+    };
+    assert!(run.stderr.contains(expected), "v2 {v2}: {}", run.stderr);
+    // Inside, the job's cgroup namespace is rooted at its own group either way.
+    let cgroups = run.obs["stdout"].as_str().unwrap();
+    assert!(cgroups.lines().all(|l| l.ends_with(":/")), "{cgroups}");
+}
