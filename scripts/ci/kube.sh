@@ -2,7 +2,10 @@
 # The Kubernetes backend's checks that need more than `cargo nextest run --workspace`:
 #   1. the golden manifests (deploy/) validated by kubernetes-validate --strict against the
 #      oldest supported Kubernetes (1.33), from a venv cached in AIRLOCK_CI_CACHE;
-#   2. airlock-engine and airlock-cli built and linted with the `kube` feature;
+#   2. airlock-engine and airlock-cli built and linted with the `kube` feature, and the
+#      binary's `airlock kube install` and `airlock doctor --backend kube` run against the
+#      fake API server alone (no Docker; the library-level install, doctor and janitor
+#      tests against it run in the workspace run);
 #   3. the end-to-end tests through the fake cluster (a fake API server and a test kubelet
 #      running each Pod as a real container on the local Docker daemon), the `airlock`
 #      binary included: run it after scripts/ci/docker.sh, which starts dockerd and builds
@@ -65,6 +68,8 @@ mv "$target_dir/kube/airlock.tmp" "$target_dir/kube/airlock"
 export AIRLOCK_KUBE_BIN="$target_dir/kube/airlock"
 "$AIRLOCK_KUBE_BIN" kube install --print | diff -u <(grep -v '^#' deploy/namespace/airlock-jobs.yaml) - \
   || { echo "airlock kube install --print differs from deploy/namespace/airlock-jobs.yaml" >&2; exit 1; }
+log "airlock kube install and airlock doctor --backend kube against the fake API server"
+cargo nextest run --locked -p airlock-kube --run-ignored only --no-fail-fast -E 'test(/::cli::/)'
 lap "build with the kube feature"
 
 # 3. End to end through the fake cluster on the local Docker daemon.

@@ -1,6 +1,7 @@
 //! airlock-kube's integration tests: generated objects (invariants, property tests, the
-//! Pod Security profile, golden manifests), the wrapper run by a real shell, and the
-//! protocol against a mocked API server.
+//! Pod Security profile, golden manifests), the wrapper run by a real shell, the protocol
+//! against a mocked API server, and `airlock kube install`, `airlock doctor` and the
+//! janitor against the fake API server (`suite/fake`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod suite;

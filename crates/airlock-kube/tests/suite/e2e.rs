@@ -406,3 +406,56 @@ async fn the_airlock_binary_runs_jobs_through_the_fake_cluster() {
         env.cluster.state.writes()
     );
 }
+
+/// `airlock kube install` by the cluster's admin, then `airlock doctor --backend kube` with
+/// airlock's own identity, both through the binary: every check passes, and the live job
+/// runs through the kubelet with the Role install granted.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root, Docker, AIRLOCK_TEST_IMAGE and AIRLOCK_KUBE_BIN: run by scripts/ci/kube.sh"]
+async fn the_airlock_binary_installs_a_namespace_and_doctor_finds_it_ready() {
+    use super::cli::{Cli, check, doctor};
+    need_cluster!();
+    airlock_testkit::require!(
+        std::env::var_os("AIRLOCK_KUBE_BIN").is_some_and(|b| PathBuf::from(b).is_file()),
+        "AIRLOCK_KUBE_BIN is not an airlock built with --features kube"
+    );
+    let image = std::env::var("AIRLOCK_TEST_IMAGE").unwrap();
+    let cli = Cli::new(FakeCluster::start(&socket()).await);
+    let admin = cli.policy("admin.kubeconfig", &image, "");
+    let out = cli
+        .run(&[
+            "kube",
+            "install",
+            "--user",
+            super::install::AIRLOCK_USER,
+            "--policy",
+            admin.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let policy = cli.policy("airlock.kubeconfig", &image, "");
+    let (code, report) = doctor(&cli, &policy).await;
+    assert_eq!(report["ready"], true, "{report:#}");
+    assert_eq!(code, Some(0));
+    let live = check(&report, "sandbox end to end");
+    assert_eq!(live["status"], "ok", "{report:#}");
+    assert!(
+        live["detail"]
+            .as_str()
+            .unwrap()
+            .contains("job ran in a full sandbox"),
+        "{live}"
+    );
+    assert!(
+        cli.cluster.state.pod_names().is_empty(),
+        "{:?}",
+        cli.cluster.state.pod_names()
+    );
+    let writes = cli.cluster.state.writes();
+    assert_eq!(writes.len(), 2, "{writes:?}");
+}

@@ -1,8 +1,12 @@
+mod cli;
 mod cluster;
 mod common;
+mod doctor;
 mod e2e;
 mod fake;
 mod golden;
+mod install;
+mod janitor;
 mod objects;
 mod protocol;
 mod status;

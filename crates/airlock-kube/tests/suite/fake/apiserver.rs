@@ -1,7 +1,14 @@
 //! The fake API server: Pods in one in-memory store with resource versions, a history of
-//! watch events, and per-Pod logs the kubelet appends to.
+//! watch events, and per-Pod logs the kubelet appends to; the namespace objects `airlock
+//! kube install` applies and `airlock doctor` reads (`store.rs`: server-side apply,
+//! RBAC); SelfSubjectAccessReviews; bearer tokens naming users whose every request is
+//! authorized by the stored RBAC objects. A request without a token acts as the cluster's
+//! admin (the end-to-end tests' client, and an admin's `airlock kube install`). Lists of
+//! Pods take a label selector and pages (`limit`, `continue`); every request is recorded.
 
 use std::collections::{BTreeMap, HashMap};
+
+use super::store::{self, Attributes, Key, Kind, Stored, User};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,7 +48,33 @@ pub struct Inner {
     pub logs: HashMap<String, Log>,
     /// Every write, in order: "POST pod", "DELETE pod" (the backend's budget).
     pub writes: Vec<String>,
+    /// Every object other than Pods.
+    pub objects: BTreeMap<Key, Stored>,
+    /// Every write of those that changed something, in order: "create networkpolicies
+    /// airlock-jobs/airlock-deny-all", "update …", "delete …".
+    pub object_writes: Vec<String>,
+    /// Bearer token → user.
+    pub users: HashMap<String, User>,
+    /// Every request, in order.
+    pub requests: Vec<Recorded>,
+    /// Pages of Pods cut before the label selector is applied, as etcd does: a page may
+    /// hold fewer items than `limit`, none at all, and still have a `continue` token.
+    pub sparse_pages: bool,
 }
+
+/// One request as the server saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: HashMap<String, String>,
+    pub content_type: String,
+    /// The user of its token; empty for the admin (no token).
+    pub user: String,
+}
+
+/// What a `continue` token of a Pod list starts with (the rest: the last name listed).
+const CONTINUE_PREFIX: &str = "fake-after:";
 
 pub struct State {
     /// This cluster's id, a label of every container its kubelet creates, so that one
@@ -205,6 +238,130 @@ impl State {
     pub fn pod_names(&self) -> Vec<String> {
         self.inner.lock().unwrap().pods.keys().cloned().collect()
     }
+
+    /// Stores a Pod as given (its creation time included), as if created long ago.
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn insert_pod(&self, pod: Pod) {
+        let mut inner = self.inner.lock().unwrap();
+        self.emit(&mut inner, "ADDED", pod);
+    }
+
+    /// A bearer token for `name`, whose requests RBAC then authorizes.
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn add_user(&self, token: &str, name: &str) {
+        self.inner.lock().unwrap().users.insert(
+            token.to_owned(),
+            User {
+                name: name.to_owned(),
+                groups: vec!["system:authenticated".to_owned()],
+            },
+        );
+    }
+
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn object_writes(&self) -> Vec<String> {
+        self.inner.lock().unwrap().object_writes.clone()
+    }
+
+    /// The stored object of kind `K` (`namespace` empty for a cluster-scoped one).
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn object<K: k8s_openapi::Resource + serde::de::DeserializeOwned>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<K> {
+        self.object_value(K::URL_PATH_SEGMENT, namespace, name)
+            .map(|v| serde_json::from_value(v).unwrap())
+    }
+
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn object_value(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .objects
+            .get(&Key::new(plural, namespace, name))
+            .map(|s| s.object.clone())
+    }
+
+    /// Changes a stored object as `manager` would with an update (not an apply), e.g. an
+    /// operator's `kubectl edit`; false when there is no such object.
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn update_object(
+        &self,
+        manager: &str,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&mut Value),
+    ) -> bool {
+        let mut inner = self.inner.lock().unwrap();
+        let key = Key::new(plural, namespace, name);
+        let Some(stored) = inner.objects.get(&key).cloned() else {
+            return false;
+        };
+        let mut object = stored.object.clone();
+        change(&mut object);
+        let next = store::update(Some(&stored), manager, object);
+        write_object(&mut inner, key, Some(&stored), next);
+        true
+    }
+
+    /// Removes a stored object (and, for a namespace, everything in it).
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn delete_object(&self, plural: &str, namespace: &str, name: &str) -> bool {
+        let mut inner = self.inner.lock().unwrap();
+        delete_object(&mut inner, &Key::new(plural, namespace, name))
+    }
+}
+
+/// Stores `next` under a new resource version, unless it changes nothing (as the real
+/// server skips a no-op write); returns the object as the server shows it.
+fn write_object(inner: &mut Inner, key: Key, before: Option<&Stored>, mut next: Stored) -> Value {
+    let api_version = next
+        .object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    next.object["metadata"]["managedFields"] = next.managed_fields(&api_version);
+    if before.is_some_and(|b| b.object == next.object) {
+        return next.object;
+    }
+    inner.rv += 1;
+    next.object["metadata"]["resourceVersion"] = inner.rv.to_string().into();
+    let verb = if before.is_some() { "update" } else { "create" };
+    inner
+        .object_writes
+        .push(format!("{verb} {}", describe(&key)));
+    let object = next.object.clone();
+    inner.objects.insert(key, next);
+    object
+}
+
+fn delete_object(inner: &mut Inner, key: &Key) -> bool {
+    if inner.objects.remove(key).is_none() {
+        return false;
+    }
+    inner
+        .object_writes
+        .push(format!("delete {}", describe(key)));
+    if key.plural == "namespaces" {
+        inner.objects.retain(|k, _| k.namespace != key.name);
+    }
+    true
+}
+
+fn describe(key: &Key) -> String {
+    if key.namespace.is_empty() {
+        format!("{} {}", key.plural, key.name)
+    } else {
+        format!("{} {}/{}", key.plural, key.namespace, key.name)
+    }
 }
 
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) {
@@ -233,6 +390,33 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
     let q = query(&req);
     let method = req.method().clone();
     let segs: Vec<&str> = path.iter().map(String::as_str).collect();
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let user = match authenticate(&state, &req) {
+        Ok(user) => user,
+        Err(message) => return Ok(status(401, "Unauthorized", message)),
+    };
+    {
+        let mut inner = state.inner.lock().unwrap();
+        inner.requests.push(Recorded {
+            method: method.to_string(),
+            path: req.uri().path().to_owned(),
+            query: q.clone(),
+            content_type: content_type.clone(),
+            user: user.as_ref().map(|u| u.name.clone()).unwrap_or_default(),
+        });
+        if let (Some(user), Some(a)) = (&user, attributes(method.as_str(), &segs, &q))
+            // Every user may ask what it may do.
+            && a.resource != "selfsubjectaccessreviews"
+            && !store::allowed(&inner.objects, user, &a)
+        {
+            return Ok(status(403, "Forbidden", &a.forbidden(user)));
+        }
+    }
     Ok(match (method.as_str(), segs.as_slice()) {
         ("GET", ["version"]) => full(
             200,
@@ -268,9 +452,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             let pod = state.emit(&mut inner, "ADDED", pod);
             full(201, &serde_json::to_value(&pod).unwrap())
         }
-        ("GET", ["api", "v1", "namespaces", _ns, "pods"])
+        ("GET", ["api", "v1", "namespaces", ns, "pods"])
             if q.get("watch").map(String::as_str) == Some("true") =>
         {
+            let ns = (*ns).to_owned();
             let name = q
                 .get("fieldSelector")
                 .and_then(|f| f.strip_prefix("metadata.name="))
@@ -296,8 +481,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             };
             tokio::spawn(async move {
                 let matches = |e: &Event| {
-                    name.as_deref()
-                        .is_none_or(|n| e.pod.metadata.name.as_deref() == Some(n))
+                    e.pod.metadata.namespace.as_deref() == Some(ns.as_str())
+                        && name
+                            .as_deref()
+                            .is_none_or(|n| e.pod.metadata.name.as_deref() == Some(n))
                 };
                 let line = |e: &Event| {
                     let mut text =
@@ -330,37 +517,75 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             });
             streaming(rx)
         }
-        ("GET", ["api", "v1", "namespaces", _ns, "pods"]) => {
+        ("GET", ["api", "v1", "namespaces", ns, "pods"]) => {
             let selector = q.get("labelSelector").cloned().unwrap_or_default();
+            let limit: usize = q
+                .get("limit")
+                .and_then(|v| v.parse().ok())
+                .filter(|l| *l > 0)
+                .unwrap_or(usize::MAX);
+            let after = match q.get("continue").filter(|c| !c.is_empty()) {
+                None => None,
+                Some(token) => match token.strip_prefix(CONTINUE_PREFIX) {
+                    Some(name) => Some(name.to_owned()),
+                    None => {
+                        return Ok(status(400, "BadRequest", "continue key is not valid"));
+                    }
+                },
+            };
             let inner = state.inner.lock().unwrap();
-            let items: Vec<&Pod> = inner
-                .pods
-                .values()
-                .filter(|p| {
-                    selector.split(',').filter(|s| !s.is_empty()).all(|s| {
-                        let (k, v) = s.split_once('=').unwrap_or((s, ""));
-                        p.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(k))
-                            .is_some_and(|x| x == v)
-                    })
-                })
-                .collect();
+            let (mut items, mut scanned, mut last, mut more) = (Vec::new(), 0, None, false);
+            for (name, pod) in inner.pods.iter().filter(|(name, pod)| {
+                pod.metadata.namespace.as_deref() == Some(*ns)
+                    && after.as_deref().is_none_or(|a| name.as_str() > a)
+            }) {
+                if items.len() >= limit || (inner.sparse_pages && scanned >= limit) {
+                    more = true;
+                    break;
+                }
+                scanned += 1;
+                last = Some(name.clone());
+                match store::selector_matches(&selector, pod.metadata.labels.as_ref()) {
+                    Ok(true) => items.push(pod),
+                    Ok(false) => {}
+                    Err(e) => return Ok(status(400, "BadRequest", &e)),
+                }
+            }
+            let mut metadata = json!({"resourceVersion": inner.rv.to_string()});
+            if more && let Some(last) = last {
+                metadata["continue"] = format!("{CONTINUE_PREFIX}{last}").into();
+            }
             full(
                 200,
-                &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": inner.rv.to_string()}, "items": items}),
+                &json!({"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": items}),
             )
         }
-        ("GET", ["api", "v1", "namespaces", _ns, "pods", name]) => {
+        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
             match state.inner.lock().unwrap().pods.get(*name) {
-                Some(pod) => full(200, &serde_json::to_value(pod).unwrap()),
-                None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
+                Some(pod) if pod.metadata.namespace.as_deref() == Some(*ns) => {
+                    full(200, &serde_json::to_value(pod).unwrap())
+                }
+                _ => status(404, "NotFound", &format!("pods \"{name}\" not found")),
             }
         }
-        ("DELETE", ["api", "v1", "namespaces", _ns, "pods", name]) => {
+        ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            let name = (*name).to_owned();
+            let ns = (*ns).to_owned();
+            let options: Value = req
+                .into_body()
+                .collect()
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b.to_bytes()).ok())
+                .unwrap_or_default();
+            let name = name.as_str();
             let mut inner = state.inner.lock().unwrap();
-            let Some(pod) = inner.pods.get(*name).cloned() else {
+            let Some(pod) = inner
+                .pods
+                .get(name)
+                .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+                .cloned()
+            else {
                 return Ok(status(
                     404,
                     "NotFound",
@@ -368,13 +593,16 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 ));
             };
             inner.writes.push(format!("DELETE {name}"));
+            // gracePeriodSeconds 0: removed from the API at once, as the real server does
+            // (the kubelet kills the containers after).
+            let now = options.get("gracePeriodSeconds").and_then(Value::as_i64) == Some(0);
             let phase = pod
                 .status
                 .as_ref()
                 .and_then(|s| s.phase.clone())
                 .unwrap_or_default();
-            let started = inner.logs.get(*name).is_some_and(|l| l.started);
-            if phase == "Succeeded" || phase == "Failed" || !started {
+            let started = inner.logs.get(name).is_some_and(|l| l.started);
+            if now || phase == "Succeeded" || phase == "Failed" || !started {
                 // Ended (or never started): gone at once, as the real API server does.
                 // (A kubelet still creating it sees it gone and stops.)
                 state.emit(&mut inner, "DELETED", pod);
@@ -455,12 +683,399 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             });
             streaming(rx)
         }
+        (
+            "POST",
+            [
+                "apis",
+                "authorization.k8s.io",
+                "v1",
+                "selfsubjectaccessreviews",
+            ],
+        ) => {
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let Ok(mut review) = serde_json::from_slice::<Value>(&body) else {
+                return Ok(status(400, "BadRequest", "not a SelfSubjectAccessReview"));
+            };
+            let field = |f: &str| {
+                review["spec"]["resourceAttributes"][f]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let asked = Attributes {
+                verb: field("verb"),
+                group: field("group"),
+                resource: field("resource"),
+                subresource: field("subresource"),
+                namespace: field("namespace"),
+                name: field("name"),
+            };
+            let allowed = match &user {
+                None => true,
+                Some(user) => store::allowed(&state.inner.lock().unwrap().objects, user, &asked),
+            };
+            review["status"] = json!({"allowed": allowed});
+            full(201, &review)
+        }
+        (_, ["api", "v1", rest @ ..]) => {
+            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+            objects_request(
+                &state,
+                method.as_str(),
+                "",
+                "v1",
+                rest,
+                &q,
+                &content_type,
+                &user,
+                body.unwrap_or_default(),
+            )
+        }
+        (_, ["apis", group, version, rest @ ..]) => {
+            let (group, version) = ((*group).to_owned(), (*version).to_owned());
+            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+            objects_request(
+                &state,
+                method.as_str(),
+                &group,
+                &version,
+                rest,
+                &q,
+                &content_type,
+                &user,
+                body.unwrap_or_default(),
+            )
+        }
         _ => status(
             404,
             "NotFound",
             &format!("the fake API server has no {} {}", method, req.uri().path()),
         ),
     })
+}
+
+/// The user of the request's bearer token; `None` for no token (the admin); an error for
+/// a token the server does not know.
+fn authenticate(state: &State, req: &Request<Incoming>) -> Result<Option<User>, &'static str> {
+    let Some(header) = req.headers().get("authorization") else {
+        return Ok(None);
+    };
+    let token = header
+        .to_str()
+        .ok()
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    match state.inner.lock().unwrap().users.get(token) {
+        Some(user) => Ok(Some(user.clone())),
+        None => Err("Unauthorized"),
+    }
+}
+
+/// What a request asks, as RBAC sees it; `None` for a path that names no resource
+/// (`/version`), which everyone may read.
+fn attributes(method: &str, segs: &[&str], q: &HashMap<String, String>) -> Option<Attributes> {
+    let (group, rest) = match segs {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let (namespace, resource, name, subresource) = match rest {
+        ["namespaces"] => ("", "namespaces", "", ""),
+        ["namespaces", name] => ("", "namespaces", *name, ""),
+        ["namespaces", ns, resource] => (*ns, *resource, "", ""),
+        ["namespaces", ns, resource, name] => (*ns, *resource, *name, ""),
+        ["namespaces", ns, resource, name, sub] => (*ns, *resource, *name, *sub),
+        [resource] => ("", *resource, "", ""),
+        [resource, name] => ("", *resource, *name, ""),
+        [resource, name, sub] => ("", *resource, *name, *sub),
+        _ => return None,
+    };
+    let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = match (method, name.is_empty()) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "list",
+        ("GET", false) => "get",
+        ("POST", _) => "create",
+        ("PATCH", _) => "patch",
+        ("PUT", _) => "update",
+        ("DELETE", true) => "deletecollection",
+        ("DELETE", false) => "delete",
+        (other, _) => {
+            return Some(Attributes {
+                verb: other.to_lowercase(),
+                ..Default::default()
+            });
+        }
+    };
+    Some(Attributes {
+        verb: verb.to_owned(),
+        group: group.to_owned(),
+        resource: resource.to_owned(),
+        subresource: subresource.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
+fn not_found(kind: &Kind, name: &str) -> Response<Body> {
+    let resource = if kind.group.is_empty() {
+        kind.plural.to_owned()
+    } else {
+        format!("{}.{}", kind.plural, kind.group)
+    };
+    status(404, "NotFound", &format!("{resource} {name:?} not found"))
+}
+
+/// GET, list, server-side apply (PATCH), create (POST) and DELETE of the kinds in
+/// `store::KINDS`.
+#[allow(clippy::too_many_arguments)]
+fn objects_request(
+    state: &State,
+    method: &str,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    q: &HashMap<String, String>,
+    content_type: &str,
+    user: &Option<User>,
+    body: Bytes,
+) -> Response<Body> {
+    let (plural, namespace, name) = match rest {
+        ["namespaces"] => ("namespaces", "", None),
+        ["namespaces", name] => ("namespaces", "", Some(*name)),
+        ["namespaces", ns, plural] => (*plural, *ns, None),
+        ["namespaces", ns, plural, name] => (*plural, *ns, Some(*name)),
+        [plural] => (*plural, "", None),
+        [plural, name] => (*plural, "", Some(*name)),
+        _ => ("", "", None),
+    };
+    let Some(kind) = store::find(group, version, plural)
+        .filter(|k| k.namespaced != namespace.is_empty() || (method == "GET" && name.is_none()))
+    else {
+        return status(
+            404,
+            "NotFound",
+            &format!("the fake API server has no {method} {group}/{version} {rest:?}"),
+        );
+    };
+    let mut inner = state.inner.lock().unwrap();
+    let namespace_exists = |inner: &Inner| {
+        inner
+            .objects
+            .contains_key(&Key::new("namespaces", "", namespace))
+    };
+    match (method, name) {
+        ("GET", Some(name)) => match inner.objects.get(&Key::new(plural, namespace, name)) {
+            Some(stored) => full(200, &stored.object),
+            None => not_found(&kind, name),
+        },
+        ("GET", None) => {
+            let selector = q.get("labelSelector").cloned().unwrap_or_default();
+            let mut items = Vec::new();
+            for (key, stored) in &inner.objects {
+                if key.plural != plural || (!namespace.is_empty() && key.namespace != namespace) {
+                    continue;
+                }
+                let labels: Option<BTreeMap<String, String>> =
+                    serde_json::from_value(stored.object["metadata"]["labels"].clone()).ok();
+                match store::selector_matches(&selector, labels.as_ref()) {
+                    Ok(true) => items.push(stored.object.clone()),
+                    Ok(false) => {}
+                    Err(e) => return status(400, "BadRequest", &e),
+                }
+            }
+            full(
+                200,
+                &json!({"kind": format!("{}List", kind.kind), "apiVersion": kind.api_version(), "metadata": {"resourceVersion": inner.rv.to_string()}, "items": items}),
+            )
+        }
+        ("PATCH", Some(name)) => {
+            if content_type != "application/apply-patch+yaml" {
+                return status(
+                    415,
+                    "UnsupportedMediaType",
+                    &format!(
+                        "the fake API server supports server-side apply only, not {content_type:?}"
+                    ),
+                );
+            }
+            let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
+                return status(
+                    422,
+                    "Invalid",
+                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+                );
+            };
+            let force = q.get("force").map(String::as_str) == Some("true");
+            let config = match checked_body(&kind, namespace, Some(name), &body) {
+                Ok(config) => config,
+                Err(message) => return status(400, "BadRequest", &message),
+            };
+            if kind.namespaced && !namespace_exists(&inner) {
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("namespaces {namespace:?} not found"),
+                );
+            }
+            let key = Key::new(plural, namespace, name);
+            let before = inner.objects.get(&key).cloned();
+            let base = before
+                .clone()
+                .unwrap_or_else(|| new_object(&kind, namespace, name));
+            match store::apply(Some(&base), manager, &config, force) {
+                Ok(next) => {
+                    let object = write_object(&mut inner, key, before.as_ref(), next);
+                    full(if before.is_some() { 200 } else { 201 }, &object)
+                }
+                Err(conflicts) => status(
+                    409,
+                    "Conflict",
+                    &format!(
+                        "Apply failed with {} conflict(s): {}",
+                        conflicts.len(),
+                        conflicts.join("; ")
+                    ),
+                ),
+            }
+        }
+        ("POST", None) => {
+            let config = match checked_body(&kind, namespace, None, &body) {
+                Ok(config) => config,
+                Err(message) => return status(400, "BadRequest", &message),
+            };
+            let Some(name) = config["metadata"]["name"].as_str().map(str::to_owned) else {
+                return status(422, "Invalid", "metadata.name: Required value");
+            };
+            if kind.namespaced && !namespace_exists(&inner) {
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("namespaces {namespace:?} not found"),
+                );
+            }
+            let key = Key::new(plural, namespace, &name);
+            if inner.objects.contains_key(&key) {
+                return status(
+                    409,
+                    "AlreadyExists",
+                    &format!("{plural} {name:?} already exists"),
+                );
+            }
+            let mut object = new_object(&kind, namespace, &name).object;
+            for (path, value) in store::leaves(&config) {
+                set_path(&mut object, &path, value);
+            }
+            let manager = q
+                .get("fieldManager")
+                .cloned()
+                .or_else(|| user.as_ref().map(|u| u.name.clone()))
+                .unwrap_or_else(|| "admin".to_owned());
+            let next = store::update(None, &manager, object);
+            let object = write_object(&mut inner, key, None, next);
+            full(201, &object)
+        }
+        ("DELETE", Some(name)) => {
+            let key = Key::new(plural, namespace, name);
+            let Some(stored) = inner.objects.get(&key).cloned() else {
+                return not_found(&kind, name);
+            };
+            delete_object(&mut inner, &key);
+            full(200, &stored.object)
+        }
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            &format!("{method} is not supported here"),
+        ),
+    }
+}
+
+fn set_path(object: &mut Value, path: &[String], value: Value) {
+    let mut at = object;
+    for k in path {
+        if !at.is_object() {
+            *at = json!({});
+        }
+        at = at
+            .as_object_mut()
+            .unwrap()
+            .entry(k.clone())
+            .or_insert(Value::Null);
+    }
+    *at = value;
+}
+
+/// A body naming the kind, name and namespace of the URL, as the real server requires (else
+/// a 400's message).
+fn checked_body(
+    kind: &Kind,
+    namespace: &str,
+    name: Option<&str>,
+    body: &[u8],
+) -> Result<Value, String> {
+    let Ok(config) = serde_json::from_slice::<Value>(body) else {
+        return Err(
+            "the fake API server reads JSON bodies only (the JSON subset of YAML)".to_owned(),
+        );
+    };
+    if config["apiVersion"] != kind.api_version().as_str() || config["kind"] != kind.kind {
+        return Err(format!(
+            "the body is a {}/{}, not a {} {}",
+            config["apiVersion"],
+            config["kind"],
+            kind.api_version(),
+            kind.kind
+        ));
+    }
+    if let Some(name) = name
+        && config["metadata"]["name"].as_str() != Some(name)
+    {
+        return Err(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            config["metadata"]["name"]
+        ));
+    }
+    if kind.namespaced
+        && let Some(ns) = config["metadata"]["namespace"].as_str()
+        && ns != namespace
+    {
+        return Err(
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .to_owned(),
+        );
+    }
+    Ok(config)
+}
+
+/// What the server gives a new object: identity, uid, creation time; a Namespace its
+/// `kubernetes.io/metadata.name` label and phase.
+fn new_object(kind: &Kind, namespace: &str, name: &str) -> Stored {
+    let mut metadata = json!({
+        "name": name,
+        "uid": format!("uid-{}-{name}", kind.plural),
+        "creationTimestamp": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ),
+    });
+    if kind.namespaced {
+        metadata["namespace"] = namespace.into();
+    }
+    let mut object =
+        json!({"apiVersion": kind.api_version(), "kind": kind.kind, "metadata": metadata});
+    if kind.plural == "namespaces" {
+        object["metadata"]["labels"] = json!({"kubernetes.io/metadata.name": name});
+        object["status"] = json!({"phase": "Active"});
+    }
+    Stored {
+        object,
+        ..Default::default()
+    }
 }
 
 /// The Pod's containers may be started (it was not deleted meanwhile).

@@ -14,10 +14,16 @@
 //! whose egress the namespace's NetworkPolicy denies), admission (Pod Security is checked
 //! by the unit tests), graceful termination (deletion kills with SIGKILL at once).
 //!
+//! The API server alone ([`FakeCluster::api_only`], no Docker) also serves what `airlock
+//! kube install`, `airlock doctor` and the janitor use: server-side apply of the namespace
+//! objects, RuntimeClasses, SelfSubjectAccessReviews answered from the stored RBAC objects
+//! for users named by bearer tokens, and Pod lists by label selector, page by page.
+//!
 //! `examples/fake_cluster.rs` runs it as a process of its own (this same source).
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod store;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -49,16 +55,44 @@ impl FakeCluster {
         }
     }
 
-    /// A client of the fake API server.
+    /// The API server alone: Pods stay as created (no kubelet runs them), no Docker needed.
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub async fn api_only() -> Self {
+        let state = State::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(apiserver::serve(listener, state.clone()));
+        Self {
+            addr,
+            state,
+            tasks: vec![server],
+        }
+    }
+
+    /// A client of the fake API server, as its admin (no token).
     pub fn client(&self) -> kube::Client {
         let config = kube::Config::new(format!("http://{}", self.addr).parse().unwrap());
         airlock_kube::backend::client_for(config).unwrap()
     }
 
-    /// A kubeconfig file naming the fake API server (for the `airlock` binary).
+    /// A client sending `token` (see [`State::add_user`]).
+    #[allow(dead_code)] // by examples/fake_cluster.rs
+    pub fn client_as(&self, token: &str) -> kube::Client {
+        let mut config = kube::Config::new(format!("http://{}", self.addr).parse().unwrap());
+        config.auth_info.token = Some(token.to_owned().into());
+        airlock_kube::backend::client_for(config).unwrap()
+    }
+
+    /// A kubeconfig file naming the fake API server (for the `airlock` binary), as its admin.
     pub fn write_kubeconfig(&self, path: &Path) {
+        self.write_kubeconfig_as(path, None);
+    }
+
+    /// A kubeconfig file naming the fake API server, sending `token` when given.
+    pub fn write_kubeconfig_as(&self, path: &Path, token: Option<&str>) {
+        let user = token.map_or_else(|| "{}".to_owned(), |t| format!("{{token: {t}}}"));
         let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\nusers:\n- name: airlock\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: airlock\ncurrent-context: fake\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\nusers:\n- name: airlock\n  user: {user}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: airlock\ncurrent-context: fake\n",
             self.addr
         );
         std::fs::write(path, text).unwrap();
