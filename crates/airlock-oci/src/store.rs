@@ -649,7 +649,7 @@ impl ImageStore {
         )? {
             Cached::Ready(_) => None,
             Cached::BuildBaseOnly(reason) => {
-                tracing::warn!(image = %parsed.id, %reason, "recorded for builds only: jobs refuse it");
+                tracing::info!(image = %parsed.id, %reason, "recorded for builds only: jobs refuse it");
                 Some(reason)
             }
         };
