@@ -2,6 +2,7 @@ mod bad_input;
 mod basics;
 mod cleanup;
 mod common;
+mod images;
 mod limits;
 mod out;
 mod policy_cmd;
