@@ -134,8 +134,10 @@ impl InstallPlan {
             spec: Some(NetworkPolicySpec {
                 pod_selector: Some(LabelSelector::default()),
                 policy_types: Some(vec!["Ingress".to_owned(), "Egress".to_owned()]),
-                ingress: None,
-                egress: None,
+                // Empty lists, not absent ones: under server-side apply install then owns
+                // them, so a rule someone else added is taken away by the next install.
+                ingress: Some(Vec::new()),
+                egress: Some(Vec::new()),
             }),
         }
     }
@@ -221,6 +223,15 @@ impl InstallPlan {
                     &["networkpolicies"],
                     &["get", "list"],
                 ),
+                // The job Pods' account, by name only, so doctor can check it mounts no
+                // token.
+                PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["serviceaccounts".to_owned()]),
+                    resource_names: Some(vec![self.service_account.clone()]),
+                    verbs: vec!["get".to_owned()],
+                    ..Default::default()
+                },
             ]),
         }
     }

@@ -182,7 +182,9 @@ async fn install_applies_every_object_with_the_fields_it_sends() {
         spec.policy_types,
         Some(vec!["Ingress".to_owned(), "Egress".to_owned()])
     );
-    assert_eq!((spec.ingress, spec.egress), (None, None));
+    // Empty, not absent: install owns the rule lists, so a later install clears any rule
+    // another manager added.
+    assert_eq!((spec.ingress, spec.egress), (Some(vec![]), Some(vec![])));
     let quota: ResourceQuota = state.object(NAMESPACE, QUOTA).unwrap();
     let hard = quota.spec.unwrap().hard.unwrap();
     assert_eq!(hard["pods"], Quantity("16".into()));
@@ -316,7 +318,11 @@ async fn install_takes_back_what_another_manager_changed() {
         "networkpolicies",
         NAMESPACE,
         NETWORK_POLICY,
-        |np| np["spec"]["policyTypes"] = json!(["Ingress"])
+        |np| {
+            np["spec"]["policyTypes"] = json!(["Ingress"]);
+            // …and adds a rule letting every Pod reach anywhere.
+            np["spec"]["egress"] = json!([{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}]);
+        }
     ));
     let label = |cluster: &FakeCluster| {
         let ns: Namespace = cluster.state.object("", NAMESPACE).unwrap();
@@ -324,11 +330,15 @@ async fn install_takes_back_what_another_manager_changed() {
     };
     let types = |cluster: &FakeCluster| {
         let np: NetworkPolicy = cluster.state.object(NAMESPACE, NETWORK_POLICY).unwrap();
-        np.spec.unwrap().policy_types.unwrap()
+        let spec = np.spec.unwrap();
+        (
+            spec.policy_types.unwrap(),
+            spec.egress.map_or(0, |e| e.len()),
+        )
     };
     assert_eq!(
         (label(&cluster), types(&cluster)),
-        ("privileged".to_owned(), vec!["Ingress".to_owned()])
+        ("privileged".to_owned(), (vec!["Ingress".to_owned()], 1))
     );
 
     install::apply(&cluster.client(), &plan(&policy))
@@ -338,8 +348,9 @@ async fn install_takes_back_what_another_manager_changed() {
         (label(&cluster), types(&cluster)),
         (
             "restricted".to_owned(),
-            vec!["Ingress".to_owned(), "Egress".to_owned()]
-        )
+            (vec!["Ingress".to_owned(), "Egress".to_owned()], 0)
+        ),
+        "a reinstall restores deny-all, the added egress rule included"
     );
 }
 

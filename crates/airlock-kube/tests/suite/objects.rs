@@ -475,8 +475,8 @@ fn namespace_objects_are_what_the_issue_asks() {
         Some(vec!["Ingress".to_owned(), "Egress".to_owned()])
     );
     assert!(
-        np.ingress.is_none() && np.egress.is_none(),
-        "no rule: deny all"
+        np.ingress == Some(vec![]) && np.egress == Some(vec![]),
+        "no rule: deny all (empty lists, so install owns them under server-side apply)"
     );
     let hard = plan.resource_quota().spec.unwrap().hard.unwrap();
     assert_eq!(hard["pods"].0, "16");
