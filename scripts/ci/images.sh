@@ -5,7 +5,9 @@
 #      same inputs give the same digest;
 #   2. loads it into Docker and runs the conformance suite on docker and gvisor with it,
 #      and airlock-oci's tests (hostile archives, whiteouts, concurrency, the image from
-#      inside jobs on native, docker and gvisor with one digest, doctor's age warning);
+#      inside jobs on native, docker and gvisor with one digest, doctor's age warning;
+#      a stock Docker image, the `docker import` of the cached debootstrap tree, saved by
+#      `docker save`, imported and built on as a base);
 #   3. starts Debian's docker-registry on 127.0.0.1, pushes with skopeo, pulls by digest
 #      (and refuses a tampered blob).
 # Installs debootstrap, skopeo, docker-registry (and docker.io, runsc, python3-pip if
@@ -48,6 +50,7 @@ started_pids=()
 cleanup() {
   local pid
   docker image rm -f "$image_name" >/dev/null 2>&1 || true
+  docker image rm -f "$docker_base" >/dev/null 2>&1 || true
   for pid in "${started_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${started_pids[@]}"; do
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
@@ -55,6 +58,7 @@ cleanup() {
   rm -rf "$work"
 }
 image_name=airlock-oci-test/python:ci
+docker_base=airlock-oci-test/debian-base:ci
 trap cleanup EXIT
 
 # 2. Daemons: dockerd (only if none answers; scripts/ci/docker.sh usually started it) and
@@ -135,8 +139,14 @@ log "airlock image build (first)"
 id=$("$airlock" image --store "$store" build "$work/python.toml" --cache "$state" -o "$work/python.tar")
 lap "image build"
 log "airlock image build (again, same inputs)"
-id2=$("$airlock" image --store "$store" build "$work/python.toml" --cache "$state")
+id2=$("$airlock" image --store "$store" build "$work/python.toml" --cache "$state" 2>"$work/rebuild.log") \
+  || { cat "$work/rebuild.log" >&2; exit 1; }
+cat "$work/rebuild.log" >&2
 lap "image rebuild"
+# The rebuild took its base from the cache (its progress names the file): the debootstrap
+# tree with python3, curl, apt, a setuid su and /dev nodes, a stock Debian image below.
+base_tar=$(sed -n 's/^==> \[ *[0-9.]*s\] base from cache //p' "$work/rebuild.log")
+[ -f "$base_tar" ] || { echo "the rebuild's progress names no cached base: $work/rebuild.log" >&2; exit 1; }
 if [ "$id" != "$id2" ]; then
   echo "the rebuild gave $id2, the first build $id: not deterministic" >&2
   exit 1
@@ -152,7 +162,13 @@ manifest=$("$airlock" image --store "$store" inspect "$id" | python3 -c 'import 
 pulled=$("$airlock" image --store "$work/pulled" pull --plain-http "$registry/airlock-oci-test/python@$manifest")
 [ "$pulled" = "$id" ] || { echo "pulled $pulled, pushed $id" >&2; exit 1; }
 log "pulled $registry/airlock-oci-test/python@$manifest as $pulled"
-lap "load, push, pull"
+# A stock image made by the real engine, no registry needed: the debootstrap tree the
+# build used, docker-imported and written by docker save (suite::e2e::docker imports it,
+# and its skopeo OCI layout, and builds on it).
+docker image rm -f "$docker_base" >/dev/null 2>&1 || true
+docker import -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' "$base_tar" "$docker_base" >/dev/null
+docker save "$docker_base" -o "$work/debian-base.docker.tar"
+lap "load, push, pull, docker save"
 
 # 6. The tests.
 export AIRLOCK_REQUIRE_ALL=1
@@ -160,6 +176,8 @@ export AIRLOCK_TEST_OCI_STORE="$store" AIRLOCK_TEST_OCI_IMAGE="$image_name@$id"
 export AIRLOCK_TEST_OCI_BACKENDS=native,docker,gvisor
 export AIRLOCK_TEST_REGISTRY="$registry" AIRLOCK_TEST_REGISTRY_STORAGE="$work/registry"
 export AIRLOCK_DOCKER_SOCKET="$docker_sock"
+export AIRLOCK_TEST_OCI_SPEC="$work/python.toml"
+export AIRLOCK_TEST_DOCKER_SAVE="$work/debian-base.docker.tar" AIRLOCK_TEST_DOCKER_SAVE_IMAGE="$docker_base"
 status=0
 log "airlock-oci tests"
 cargo nextest run --locked -p airlock-oci --no-fail-fast || status=1

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use super::common::{airlock_bin, skip_or_fail};
 
+mod docker;
+
 /// The probe: python3-minimal has no json or shutil, so plain `key=value` lines.
 const PROBE: &str = r#"
 import os, stat
