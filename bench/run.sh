@@ -15,8 +15,9 @@ if [ "$(id -u)" != 0 ]; then
   echo "bench/run.sh: run as root (the native sandbox's cgroups)" >&2
   exit 1
 fi
-for tool in hyperfine bwrap; do
-  command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
+for pair in hyperfine:hyperfine bwrap:bubblewrap; do
+  command -v "${pair%%:*}" >/dev/null \
+    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pair#*:}" >/dev/null
 done
 cargo build --release --locked -q -p airlock-cli
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
