@@ -66,15 +66,14 @@ conformance! {
         assert_eq!(run.obs["outcome"], "timeout", "{:#}", run.obs);
         assert_eq!(run.obs["ok"], false);
         assert_eq!(run.code, 124);
-        // The CLI's whole run: start-up, a container's creation and removal included.
+        // The CLI's whole run. Natively that is the "within timeout + 1 s". With a
+        // container it also holds the container's creation and removal, which is speed
+        // (bench/), not enforcement, and stretches with the machine (1.8-2.4 s for docker
+        // and gvisor here, 4-6 s for podman under the suite's parallel load): there the
+        // bound only catches a hang, and the kill itself is judged by duration_ms below.
         let slack = match t.kind {
             Kind::Native | Kind::Warm => 2,
-            Kind::Docker | Kind::Gvisor => 4,
-            // Podman creates and removes containers slowly (2-4 s each under the suite's
-            // parallel load); the job's own duration is checked below.
-            Kind::Podman => 20,
-            // A Pod's creation and the wait for its deletion, through the fake cluster.
-            Kind::Kube => 6,
+            Kind::Docker | Kind::Gvisor | Kind::Podman | Kind::Kube => 20,
         };
         assert!(elapsed < Duration::from_secs(slack), "took {elapsed:?}");
         let duration = run.obs["duration_ms"].as_u64().unwrap();
