@@ -87,7 +87,10 @@ if curl -sf --unix-socket "$podman_sock" http://localhost/_ping >/dev/null 2>&1;
 else
   log "starting podman system service"
   mkdir -p /run/podman
-  podman system service --time=0 "unix://$podman_sock" >"$state/podman.log" 2>&1 &
+  # From a scratch directory: conmon writes a file named `oom` into its working directory
+  # when a container is OOM-killed (the suite's OOM check does that), which would otherwise
+  # land in the clone.
+  (cd "$state" && exec podman system service --time=0 "unix://$podman_sock") >"$state/podman.log" 2>&1 &
   started_pids+=($!)
   wait_for "$podman_sock" "podman system service"
 fi
@@ -106,8 +109,8 @@ else
   [ "$(grep -c '^airlock-broken = \|^runtime = "airlock-broken"' "$podman_conf")" = 2 ] \
     || { echo "no [engine] and [engine.runtimes] tables in /usr/share/containers/containers.conf" >&2; exit 1; }
   log "starting a podman system service with a broken default runtime"
-  CONTAINERS_CONF="$podman_conf" \
-    podman system service --time=0 "unix://$podman_broken_sock" >"$state/podman-broken.log" 2>&1 &
+  (cd "$state" && CONTAINERS_CONF="$podman_conf" \
+    exec podman system service --time=0 "unix://$podman_broken_sock") >"$state/podman-broken.log" 2>&1 &
   started_pids+=($!)
   wait_for "$podman_broken_sock" "the broken podman system service"
 fi
