@@ -165,9 +165,11 @@ impl NativeBackend {
                 });
             }
         };
+        // Checked once, like the cgroup hierarchy itself: every job of this backend, fresh
+        // or warm, then runs with the shape (and the degraded list) decided here.
         let mut degraded = degraded;
         if let Some(manager) = &cgroups
-            && let Some(gap) = swap_gap(manager.swap_accounting(), &read_meminfo())
+            && let Some(gap) = swap_gap(manager.swap_accounting())
         {
             if config.allow_degraded.contains(&DegradedControl::Swap) {
                 tracing::info!(%gap, "swap is not capped, as the policy allows");
@@ -215,13 +217,6 @@ impl NativeBackend {
     }
 
     fn check_supported(&self, job: &JobSpec) -> Result<(), NativeError> {
-        // Swap may have been switched on since the backend opened (a long-running server).
-        if let Some(manager) = &self.cgroups
-            && !self.config.allow_degraded.contains(&DegradedControl::Swap)
-            && let Some(gap) = swap_gap(manager.swap_accounting(), &read_meminfo())
-        {
-            return Err(swap_refusal(gap));
-        }
         if let RootfsSpec::Image { reference, digest } = &job.filesystem.rootfs {
             // Before anything of the job exists: the image must be in the store; unpacked
             // into the cache now if it is not yet (never pulled).
@@ -894,13 +889,19 @@ pub const DEGRADED_WITHOUT_CGROUP: &[&str] = &[
 pub const DEGRADED_SWAP: &str =
     "memory: swap is on and not accounted, so a job may page out beyond its memory limit";
 
-/// Why the memory limit cannot hold with no swap: `Some` when the host has swap enabled
-/// (`SwapTotal` in `/proc/meminfo` above zero) and the cgroup hierarchy cannot cap it.
-/// Without swap, or with swap accounting, the memory limit is the whole bound.
-pub fn swap_gap(swap_accounting: bool, meminfo: &str) -> Option<String> {
+/// Why the memory limit cannot hold with no swap: `Some` when the cgroup hierarchy cannot
+/// cap swap and the host has swap enabled (`SwapTotal` in `/proc/meminfo` above zero).
+/// With swap accounting the memory limit is the whole bound, and nothing is read.
+pub fn swap_gap(swap_accounting: bool) -> Option<String> {
     if swap_accounting {
         return None;
     }
+    // Unreadable /proc/meminfo: no evidence of swap either way; the cgroup check stands.
+    swap_gap_in(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
+}
+
+/// [`swap_gap`] of a host without swap accounting whose `/proc/meminfo` is `meminfo`.
+fn swap_gap_in(meminfo: &str) -> Option<String> {
     let swap_kib = meminfo.lines().find_map(|line| {
         let rest = line.strip_prefix("SwapTotal:")?;
         rest.trim()
@@ -916,11 +917,6 @@ pub fn swap_gap(swap_accounting: bool, meminfo: &str) -> Option<String> {
             swap_kib / 1024
         )
     })
-}
-
-fn read_meminfo() -> String {
-    // Unreadable /proc/meminfo: no evidence of swap either way; the cgroup check stands.
-    std::fs::read_to_string("/proc/meminfo").unwrap_or_default()
 }
 
 fn swap_refusal(gap: String) -> NativeError {
@@ -1134,16 +1130,16 @@ mod tests {
 
     #[test]
     fn swap_without_accounting_is_a_gap() {
-        let gap = swap_gap(false, WITH_SWAP).expect("a gap");
+        let gap = swap_gap_in(WITH_SWAP).expect("a gap");
         assert!(gap.contains("2047 MiB of swap"), "{gap}");
     }
 
     #[test]
     fn swap_accounting_or_no_swap_is_no_gap() {
-        assert_eq!(swap_gap(true, WITH_SWAP), None);
-        assert_eq!(swap_gap(false, WITHOUT_SWAP), None);
+        assert_eq!(swap_gap(true), None);
+        assert_eq!(swap_gap_in(WITHOUT_SWAP), None);
         // Nothing known about swap: no evidence of a gap.
-        assert_eq!(swap_gap(false, ""), None);
+        assert_eq!(swap_gap_in(""), None);
     }
 
     #[test]

@@ -280,8 +280,7 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
                 .clone()
                 .unwrap_or_else(|| "swap accounting is off".into());
             let name = format!("cgroup {version} swap limit");
-            let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-            match crate::backend::swap_gap(false, &meminfo) {
+            match crate::backend::swap_gap(false) {
                 // No swap on this host: the memory limit is the whole bound.
                 None => Check::ok(&name, format!("{why}; but this host has no swap enabled")),
                 Some(gap)
