@@ -76,6 +76,10 @@ pub struct ConnectionRecord {
     pub started_ms: u64,
     /// How long it lasted, in milliseconds.
     pub duration_ms: u64,
+    /// Set only on the one record that stands for the requests refused once the
+    /// connection limit was used up: how many there were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<u64>,
 }
 
 impl ConnectionRecord {
@@ -93,6 +97,7 @@ impl ConnectionRecord {
             bytes_down: 0,
             started_ms,
             duration_ms: 0,
+            refused: None,
         }
     }
 }
@@ -141,21 +146,17 @@ impl ProxySummary {
     /// one record for all of them, with their number, so that a job opening connections
     /// in a loop cannot grow the audit log without bound, and none goes unaudited.
     fn refused_after_limit_record(&self) -> Option<serde_json::Value> {
-        (self.refused_after_limit > 0).then(|| {
-            serde_json::json!({
-                "method": "",
-                "host": "",
-                "port": 0,
-                "resolved": null,
-                "verdict": "denied",
-                "reason": "connection limit",
-                "status": 429,
-                "limit": LimitKind::Connections,
-                "refused": self.refused_after_limit,
-                "bytes_up": 0,
-                "bytes_down": 0,
-            })
-        })
+        if self.refused_after_limit == 0 {
+            return None;
+        }
+        let mut record = ConnectionRecord::new(String::new(), 0);
+        record.verdict = Verdict::Denied {
+            reason: LimitKind::Connections.to_string(),
+        };
+        record.status = Some(429);
+        record.limit = Some(LimitKind::Connections);
+        record.refused = Some(self.refused_after_limit);
+        serde_json::to_value(record).ok()
     }
 
     /// The number of allowed and denied records.
