@@ -201,7 +201,7 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
         Ok(Some(sa)) if sa.automount_service_account_token == Some(false) => checks.push(check("service account", CheckStatus::Ok, format!("{} mounts no token", kube.service_account), None)),
         Ok(Some(_)) => checks.push(check("service account", CheckStatus::Warning, format!("{} may mount a token (job Pods set automountServiceAccountToken: false themselves)", kube.service_account), Some(INSTALL_FIX))),
         Ok(None) => checks.push(check("service account", CheckStatus::Missing, format!("{} does not exist in {ns}: job Pods cannot be admitted", kube.service_account), Some(INSTALL_FIX))),
-        // airlock's own Role (install.rs) does not grant reading it.
+        // A namespace installed before airlock's Role granted reading it (install.rs).
         Err(e) if status_code(&e) == Some(403) => checks.push(check(
             "service account",
             CheckStatus::Warning,

@@ -15,6 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use airlock_sys::process::{SpawnError, SpawnRequest};
 use rustix::process::{Signal, WaitId, WaitIdOptions};
@@ -59,6 +60,18 @@ enum Process {
     Pidfd(PidfdChild),
 }
 
+/// Set once `clone3(CLONE_INTO_CGROUP)` proved missing (an old kernel, a container's
+/// seccomp filter), so that no later job tries it again.
+static CLONE_INTO_CGROUP_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// The errno values that say the call itself is missing, not that this group refused.
+mod missing_call {
+    use rustix::io::Errno;
+    pub(super) const ENOSYS: i32 = Errno::NOSYS.raw_os_error();
+    pub(super) const EINVAL: i32 = Errno::INVAL.raw_os_error();
+    pub(super) const E2BIG: i32 = Errno::TOOBIG.raw_os_error();
+}
+
 /// What the helper is started with.
 pub(crate) struct HelperCommand<'a> {
     /// The helper binary.
@@ -78,11 +91,23 @@ impl Helper {
         command: &HelperCommand<'_>,
         cgroup_v2_dir: Option<&Path>,
     ) -> io::Result<Started> {
-        if let Some(dir) = cgroup_v2_dir {
+        if let Some(dir) = cgroup_v2_dir
+            && !CLONE_INTO_CGROUP_MISSING.load(Ordering::Relaxed)
+        {
             match start_in_cgroup(command, dir) {
                 Ok(helper) => return Ok(helper),
                 Err(StartError::Unavailable(e)) => {
-                    tracing::debug!(error = %e, "clone3 into the job cgroup unavailable; the helper joins it instead");
+                    // The kernel or a seccomp filter lacks the call: it stays so for this
+                    // process, so later jobs go straight to the other way. Other errors
+                    // (a permission on this one group) are not remembered.
+                    let missing = matches!(
+                        e.raw_os_error(),
+                        Some(missing_call::ENOSYS | missing_call::EINVAL | missing_call::E2BIG)
+                    );
+                    if missing {
+                        CLONE_INTO_CGROUP_MISSING.store(true, Ordering::Relaxed);
+                    }
+                    tracing::debug!(error = %e, remembered = missing, "clone3 into the job cgroup unavailable; the helper joins it instead");
                 }
                 Err(StartError::Failed(e)) => return Err(e),
             }
@@ -274,13 +299,8 @@ impl PidfdChild {
     async fn wait(&mut self) {
         while !self.reap(false) {
             match self.pidfd.readable().await {
-                Ok(mut guard) => {
-                    // Readable means exited; reap() above confirms it on the next turn.
-                    guard.clear_ready();
-                    if self.reap(false) {
-                        return;
-                    }
-                }
+                // Readable means exited; the next reap confirms it.
+                Ok(mut guard) => guard.clear_ready(),
                 Err(_) => {
                     self.reap(true);
                     return;
