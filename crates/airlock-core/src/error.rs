@@ -1,15 +1,18 @@
 //! The one error type of airlock-core.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The public classification of an executor-side failure (DESIGN §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The request is malformed: bad names, bad sizes, unknown language, NUL bytes.
     InvalidInput,
     /// The request is well formed but asks for more than the policy allows.
     PolicyDenied,
+    /// The caller is not authenticated: no token, or a token the server does not know.
+    Unauthorized,
     /// The backend cannot run jobs on this host right now.
     BackendUnavailable,
     /// airlock itself failed.
@@ -22,6 +25,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidInput => "invalid_input",
             ErrorKind::PolicyDenied => "policy_denied",
+            ErrorKind::Unauthorized => "unauthorized",
             ErrorKind::BackendUnavailable => "backend_unavailable",
             ErrorKind::Internal => "internal",
         }

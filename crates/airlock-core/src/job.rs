@@ -52,7 +52,9 @@ pub fn with_proxy_env(env: &[(String, String)], port: u16) -> Vec<(String, Strin
 }
 
 /// A unique, time-ordered job identifier (UUID v7).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(transparent)]
 pub struct JobId(String);
 
@@ -575,7 +577,7 @@ mod tests {
     #[test]
     fn a_plain_request_takes_the_policy_defaults() {
         let spec = python("print(1)").resolve(&Policy::builtin()).unwrap();
-        assert_eq!(spec.argv, vec!["python3", "-I", "/work/main.py"]);
+        assert_eq!(spec.argv, vec!["python3", "-I", "-u", "/work/main.py"]);
         assert_eq!(spec.limits, Policy::builtin().limits);
         assert_eq!(spec.policy_version, "default-1");
         assert_eq!(
@@ -799,7 +801,7 @@ mod tests {
         let spec = req.resolve(&Policy::builtin()).unwrap();
         assert_eq!(
             spec.argv,
-            vec!["python3", "-I", "/work/main.py", "--flag", "x y"]
+            vec!["python3", "-I", "-u", "/work/main.py", "--flag", "x y"]
         );
     }
 

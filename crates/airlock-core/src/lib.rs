@@ -12,6 +12,7 @@ pub mod job;
 pub mod media;
 pub mod observation;
 pub mod policy;
+pub mod schema;
 pub mod units;
 
 pub use backend::{

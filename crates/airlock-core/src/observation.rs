@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::BackendKind;
@@ -11,7 +12,7 @@ use crate::error::ErrorKind;
 use crate::job::JobId;
 
 /// How a job ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// The program exited by itself.
@@ -43,7 +44,7 @@ impl Outcome {
 }
 
 /// An executor-side failure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorInfo {
     /// Its class.
     pub kind: ErrorKind,
@@ -52,7 +53,7 @@ pub struct ErrorInfo {
 }
 
 /// A file released from `/out`, as listed in the observation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct OutputFile {
     /// Path relative to `/out`.
     pub path: String,
@@ -64,10 +65,14 @@ pub struct OutputFile {
     pub media_type: String,
     /// Secret-shaped strings replaced in it (text files only).
     pub redactions: u64,
+    /// The released content as base64, when the caller asked for files inline
+    /// (`return_files`) and the file fit in the policy's inline cap; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
 }
 
 /// A file of `/out` that was not released, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RejectedFile {
     /// Path relative to `/out`.
     pub path: String,
@@ -95,8 +100,32 @@ pub struct JobResult {
     pub connections: Vec<serde_json::Value>,
 }
 
+impl JobResult {
+    /// Puts the released files' content into the observation as `content_base64`, in
+    /// order, while their total stays within `cap_bytes` (the decoded size); a file that
+    /// does not fit is left listed without content, and later smaller ones may still fit.
+    /// Returns how many files were inlined.
+    pub fn inline_files(&mut self, cap_bytes: u64) -> usize {
+        use base64::Engine as _;
+        let mut budget = cap_bytes;
+        let mut inlined = 0;
+        for (listed, released) in self.observation.files.iter_mut().zip(&self.files) {
+            debug_assert_eq!(listed.path, released.path);
+            let size = released.content.len() as u64;
+            if listed.path != released.path || size > budget {
+                continue;
+            }
+            budget -= size;
+            listed.content_base64 =
+                Some(base64::engine::general_purpose::STANDARD.encode(&released.content));
+            inlined += 1;
+        }
+        inlined
+    }
+}
+
 /// The result of one job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Observation {
     /// The job's id.
     pub job_id: JobId,
@@ -269,7 +298,7 @@ pub struct NetworkReport {
 }
 
 /// Totals of the egress proxy's work for one job.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct NetworkCounts {
     /// Requests and tunnels, allowed or denied.
     pub connections: u64,
@@ -334,6 +363,7 @@ impl RunReport {
                     .to_owned(),
                 media_type: media_type.to_owned(),
                 redactions,
+                content_base64: None,
             });
             released.push(ReleasedFile {
                 path: file.path,

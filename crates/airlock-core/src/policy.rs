@@ -621,6 +621,9 @@ pub struct OutPolicy {
     pub max_files: u32,
     /// Largest single file released.
     pub max_file_bytes: ByteSize,
+    /// Most released bytes returned inline (base64 in the observation) when an HTTP or
+    /// MCP caller asks for `return_files`; files past it are listed without content.
+    pub inline_bytes: ByteSize,
 }
 
 impl Default for OutPolicy {
@@ -630,6 +633,7 @@ impl Default for OutPolicy {
             max_bytes: ByteSize::mib(8),
             max_files: 64,
             max_file_bytes: ByteSize::mib(8),
+            inline_bytes: ByteSize::mib(1),
         }
     }
 }
@@ -854,7 +858,7 @@ pub fn builtin_languages() -> BTreeMap<String, LanguageSpec> {
     BTreeMap::from([
         (
             "python".to_owned(),
-            language(&["python3", "-I", "{file}"], "main.py"),
+            language(&["python3", "-I", "-u", "{file}"], "main.py"),
         ),
         ("node".to_owned(), language(&["node", "{file}"], "main.js")),
         ("bash".to_owned(), language(&["bash", "{file}"], "main.sh")),
@@ -1466,7 +1470,7 @@ mod tests {
         assert_eq!(p.network.mode, NetworkMode::None);
         assert_eq!(
             p.languages["python"].command,
-            vec!["python3", "-I", "{file}"]
+            vec!["python3", "-I", "-u", "{file}"]
         );
     }
 

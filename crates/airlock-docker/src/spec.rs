@@ -334,6 +334,7 @@ mod tests {
                 "PYTHONDONTWRITEBYTECODE=1",
                 "python3",
                 "-I",
+                "-u",
                 "/work/main.py"
             ]
         );

@@ -204,6 +204,7 @@ fn kind_doc(kind: ErrorKind) -> ErrorKindDoc {
     match kind {
         ErrorKind::InvalidInput => ErrorKindDoc::InvalidInput,
         ErrorKind::PolicyDenied => ErrorKindDoc::PolicyDenied,
+        ErrorKind::Unauthorized => ErrorKindDoc::Unauthorized,
         ErrorKind::BackendUnavailable => ErrorKindDoc::BackendUnavailable,
         ErrorKind::Internal => ErrorKindDoc::Internal,
     }
@@ -261,6 +262,8 @@ pub enum ErrorKindDoc {
     InvalidInput,
     /// Beyond the policy (403), or a token that is missing or wrong (401).
     PolicyDenied,
+    /// Not authenticated (401).
+    Unauthorized,
     /// The backend cannot run jobs now (503), or the queue is full (429).
     BackendUnavailable,
     /// airlock failed (500), or the job was interrupted by a shutdown.
@@ -424,6 +427,7 @@ mod tests {
                 sha256: "00".into(),
                 media_type: "text/plain".into(),
                 redactions: 0,
+                content_base64: None,
             }],
             backend,
             image_digest: Some("sha256:00".into()),
@@ -462,6 +466,7 @@ mod tests {
         let kinds = [
             ErrorKind::InvalidInput,
             ErrorKind::PolicyDenied,
+            ErrorKind::Unauthorized,
             ErrorKind::BackendUnavailable,
             ErrorKind::Internal,
         ];

@@ -113,6 +113,7 @@ pub fn observation_status(observation: &Observation, phase: Phase) -> StatusCode
     match observation.error.as_ref().map(|e| e.kind) {
         Some(ErrorKind::InvalidInput) => StatusCode::BAD_REQUEST,
         Some(ErrorKind::PolicyDenied) => StatusCode::FORBIDDEN,
+        Some(ErrorKind::Unauthorized) => StatusCode::UNAUTHORIZED,
         Some(ErrorKind::BackendUnavailable) => StatusCode::SERVICE_UNAVAILABLE,
         // A job killed by a shutdown: the client may retry elsewhere.
         Some(ErrorKind::Internal) if phase == Phase::Killing => StatusCode::SERVICE_UNAVAILABLE,
