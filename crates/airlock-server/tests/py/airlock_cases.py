@@ -49,7 +49,10 @@ def _expect(condition, what, obs):
 
 
 def check_case(name, obs):
-    """Raises CaseFailure unless `obs` (the observation dict) is what case `name` must give."""
+    """Raises CaseFailure unless `obs` (the observation dict) is what case `name` must give.
+
+    `name` may carry a suffix after a space ("hello (create_react_agent)")."""
+    name = name.split(" ")[0]
     _expect(isinstance(obs, dict) and "outcome" in obs, "an observation object", obs)
     if name == "hello":
         _expect(obs["ok"] is True and obs["outcome"] == "exited", "hello exits 0", obs)
