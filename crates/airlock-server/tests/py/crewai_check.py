@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Checks airlock with CrewAI's MCP adapter (crewai-tools[mcp], MCPServerAdapter), without a model.
+
+Usage:
+  crewai_check.py stdio AIRLOCK_BIN     MCPServerAdapter(StdioServerParameters(AIRLOCK_BIN mcp))
+  crewai_check.py http URL TOKEN        MCPServerAdapter({"url": URL, "transport": "streamable-http"})
+
+Calls run_code the way CrewAI's ToolUsage does: the structured tool's invoke(input=...),
+which validates the arguments through the adapter's pydantic model and so sends every
+optional argument the caller left out as null.
+"""
+import os
+import sys
+
+from crewai_tools import MCPServerAdapter
+from mcp import StdioServerParameters
+
+from airlock_cases import CASES, Report, observation_from_text
+
+
+def exercise(tools, report):
+    report.ok([t.name for t in tools] == ["run_code"], f"the adapter loads one tool, run_code ({[t.name for t in tools]})")
+    tool = next(t for t in tools if t.name == "run_code")
+    structured = tool.to_structured_tool()
+    # A model that names only `code` must get through CrewAI's own validation (the MCP
+    # inputSchema may make optional arguments nullable, not required), which then sends
+    # the others as null.
+    try:
+        dumped = tool.args_schema.model_validate({"code": "1"}).model_dump()
+        report.ok(all(dumped[k] is None for k in dumped if k != "code"),
+                  f"CrewAI accepts code alone and fills the optional arguments with null ({dumped})")
+    except Exception as e:
+        report.ok(False, f"CrewAI's argument model refuses a call with only code: {str(e).splitlines()[:3]}")
+    for name, arguments in CASES.items():
+        try:
+            text = structured.invoke(input=dict(arguments))
+            report.case(name, observation_from_text(text))
+        except Exception as e:
+            report.case(name, e)
+
+
+def main():
+    mode = sys.argv[1]
+    report = Report(f"crewai {mode}")
+    if mode == "stdio":
+        params = StdioServerParameters(command=sys.argv[2], args=["mcp"], env=dict(os.environ))
+    elif mode == "http":
+        params = {"url": sys.argv[2], "transport": "streamable-http",
+                  "headers": {"Authorization": f"Bearer {sys.argv[3]}"}}
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    with MCPServerAdapter(params, connect_timeout=60) as tools:
+        exercise(tools, report)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
