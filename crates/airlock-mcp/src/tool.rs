@@ -23,7 +23,12 @@ pub struct RunCodeParams {
     /// The program's complete source code (UTF-8). Its stdout and stderr are returned.
     pub code: String,
     /// Input files, placed under /work (the program's working directory) before it starts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "Vec<RunCodeFile>")]
     pub files: Vec<RunCodeFile>,
     /// Wall-time limit in seconds; the default and the maximum are the policy's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,6 +226,18 @@ mod tests {
         assert_eq!(request.files[0].content, b"hi");
         assert_eq!(request.files[1].content, vec![0, 1]);
         assert_eq!(request.limits.timeout, Some(Duration::from_millis(1500)));
+    }
+
+    /// CrewAI sends `{"code":…,"files":null,"language":"python","timeout_s":null}`.
+    #[test]
+    fn null_means_absent() {
+        let params: RunCodeParams = serde_json::from_value(serde_json::json!({
+            "code": "print(1)", "files": null, "language": "python", "timeout_s": null
+        }))
+        .unwrap();
+        let request = params.into_request().unwrap();
+        assert!(request.files.is_empty());
+        assert_eq!(request.limits.timeout, None);
     }
 
     #[test]

@@ -27,13 +27,23 @@ pub struct RunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code_base64: Option<String>,
     /// Input files placed under /work before the program starts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "Vec<RequestFile>")]
     pub files: Vec<RequestFile>,
     /// Text on the program's stdin (otherwise stdin is empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
     /// Arguments after the source file.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "Vec<String>")]
     pub args: Vec<String>,
     /// Wall-time limit as a duration, e.g. "5s" or "500ms" (at most the policy's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,10 +65,20 @@ pub struct RunRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkChoice>,
     /// Hosts the proxy may reach, HOST[:PORT] (proxy mode only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "Vec<String>")]
     pub allow: Vec<String>,
     /// Environment variables for the program; the policy must allow each name.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "BTreeMap<String, String>")]
     pub env: BTreeMap<String, String>,
 }
 
@@ -85,7 +105,12 @@ pub struct RequestFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_base64: Option<String>,
     /// Whether the file is executable in the sandbox.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(
+        default,
+        skip_serializing_if = "std::ops::Not::not",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "bool")]
     pub executable: bool,
 }
 
@@ -544,6 +569,21 @@ mod tests {
             job.limits.timeout,
             Some(std::time::Duration::from_millis(500))
         );
+    }
+
+    /// Strict-mode models and CrewAI send every optional property, unused ones as null.
+    #[test]
+    fn null_means_absent() {
+        let request: RunRequest = serde_json::from_value(json!({
+            "language": "python", "code": "print(1)", "code_base64": null,
+            "files": null, "stdin": null, "args": null, "timeout": null, "timeout_s": null,
+            "memory": null, "cpus": null, "pids": null, "network": null, "allow": null,
+            "env": null
+        }))
+        .unwrap();
+        let job = request.into_job().unwrap();
+        assert!(job.files.is_empty() && job.args.is_empty() && job.env.is_empty());
+        assert_eq!(job.limits.timeout, None);
     }
 
     #[test]
