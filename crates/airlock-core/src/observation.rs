@@ -110,7 +110,6 @@ impl JobResult {
         let mut budget = cap_bytes;
         let mut inlined = 0;
         for (listed, released) in self.observation.files.iter_mut().zip(&self.files) {
-            debug_assert_eq!(listed.path, released.path);
             let size = released.content.len() as u64;
             if listed.path != released.path || size > budget {
                 continue;

@@ -285,7 +285,8 @@ pub enum OutcomeDoc {
 pub enum ErrorKindDoc {
     /// Malformed request (400), including a body over the limit (413).
     InvalidInput,
-    /// Beyond the policy (403), or a token that is missing or wrong (401).
+    /// Beyond the policy (403); today also a missing or wrong token (401), until the
+    /// server answers those as `unauthorized`.
     PolicyDenied,
     /// Not authenticated (401).
     Unauthorized,
