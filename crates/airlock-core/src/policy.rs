@@ -354,6 +354,19 @@ impl Policy {
     pub fn language(&self, name: &str) -> Option<&LanguageSpec> {
         self.languages.get(name)
     }
+
+    /// The language a request that names none runs as: `python` when the policy defines
+    /// it (what a model writes unless told otherwise, and the CLI's default), else the
+    /// first language in name order. [`Policy::check`] guarantees there is one.
+    pub fn default_language(&self) -> &str {
+        if self.languages.contains_key("python") {
+            return "python";
+        }
+        self.languages
+            .keys()
+            .next()
+            .map_or("python", String::as_str)
+    }
 }
 
 fn is_identifier(name: &str) -> bool {
@@ -1472,6 +1485,17 @@ mod tests {
             p.languages["python"].command,
             vec!["python3", "-I", "-u", "{file}"]
         );
+    }
+
+    #[test]
+    fn the_default_language_is_python_when_defined_else_the_first() {
+        assert_eq!(Policy::builtin().default_language(), "python");
+        let p = Policy::from_toml(
+            "version = \"v\"\n[languages.sh]\ncommand = [\"sh\", \"{file}\"]\nfile = \"m.sh\"\n[languages.bash]\ncommand = [\"bash\", \"{file}\"]\nfile = \"m.sh\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.default_language(), "bash");
     }
 
     #[test]

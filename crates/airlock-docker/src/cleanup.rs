@@ -156,6 +156,20 @@ pub fn is_stale(
 /// Removes stale containers of airlock from the daemon, then stale job directories
 /// (unmounting a left-over `/out`). Returns how many containers were removed.
 pub async fn sweep(docker: &Docker, runtime: &RuntimeDir) -> Result<usize, DockerError> {
+    let _sweeping = {
+        let runtime = runtime.clone();
+        match tokio::task::spawn_blocking(move || runtime.lock_for_sweep()).await {
+            Ok(Ok(lock)) => lock,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot take the runtime directory's sweep lock");
+                return Ok(0);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the sweep lock's task failed");
+                return Ok(0);
+            }
+        }
+    };
     let boot = boot_id();
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
     let containers = docker

@@ -12,6 +12,7 @@ pub mod redaction;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
+use tracing::Instrument;
 
 use airlock_core::audit::{AuditContext, AuditRecord};
 use airlock_core::policy::{BUILTIN_ORIGIN, Policy};
@@ -213,10 +214,12 @@ impl Engine {
                         ],
                     )
                 });
+                // Instrumented, never entered: an entered guard held across the await
+                // below stays on this thread's span stack while other tasks run on it,
+                // and their lines would carry this job's id.
                 let span =
                     tracing::info_span!("job", job_id = %spec.id, backend = %self.backend_kind);
-                let _entered = span.enter();
-                match &self.backend {
+                async { match &self.backend {
                     Err(e) => error_result(Observation::error(
                         spec.id.clone(),
                         self.backend_kind,
@@ -270,7 +273,9 @@ impl Engine {
                             ))
                         }
                     },
-                }
+                } }
+                .instrument(span)
+                .await
             }
         };
         context.total = started.elapsed();

@@ -952,6 +952,13 @@ fn open_cgroups(config: &NativeConfig) -> Result<CgroupManager, String> {
 /// still runs there) and their directories. A live job's directory is locked by its
 /// supervisor and exists for as long as its cgroup does, so neither is ever touched.
 fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: Option<&CgroupManager>) {
+    let _sweeping = match runtime.lock_for_sweep() {
+        Ok(lock) => lock,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take the runtime directory's sweep lock");
+            return;
+        }
+    };
     let stale = match runtime.stale_jobs() {
         Ok(stale) => stale,
         Err(e) => {

@@ -71,6 +71,25 @@ impl RuntimeDir {
         &self.path
     }
 
+    /// Takes the runtime directory's sweep lock, waiting for a sweep another airlock is
+    /// doing to finish. Sweepers hold it while they decide what is stale and remove it:
+    /// deciding takes each job's lock for a moment, so without it a sweeper probing at the
+    /// same time as another would see the job as live and return before the other's
+    /// removal is done, and its caller would find the leftovers still there. Blocks; call
+    /// it off an async runtime's worker threads.
+    pub fn lock_for_sweep(&self) -> io::Result<SweepLock> {
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.path.join(SWEEP_LOCK_FILE))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(SweepLock { _file: file })
+    }
+
     /// Job directories whose supervisor is gone: their lock can be taken, or they have no
     /// lock file and are older than [`UNLOCKED_GRACE`].
     pub fn stale_jobs(&self) -> io::Result<Vec<String>> {
@@ -111,6 +130,8 @@ impl RuntimeDir {
         let mut names: Vec<String> = fs::read_dir(&self.path)?
             .filter_map(|e| e.ok())
             .filter_map(|e| e.file_name().into_string().ok())
+            // Job ids never start with a dot; the runtime directory's own files do.
+            .filter(|name| !name.starts_with('.'))
             .collect();
         names.sort();
         Ok(names)
@@ -119,6 +140,15 @@ impl RuntimeDir {
 
 /// The file in each job directory that the supervisor keeps locked for the job's life.
 pub const LOCK_FILE: &str = "lock";
+
+/// The runtime directory's sweep lock (see [`RuntimeDir::lock_for_sweep`]).
+const SWEEP_LOCK_FILE: &str = ".sweep.lock";
+
+/// Held while a sweep runs; released when dropped.
+#[derive(Debug)]
+pub struct SweepLock {
+    _file: fs::File,
+}
 
 /// A job directory without a lock file younger than this may still be under construction.
 pub const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -354,5 +384,29 @@ mod tests {
         let path = dir.work().parent().unwrap().to_owned();
         drop(dir);
         assert!(!path.exists());
+    }
+    #[test]
+    fn one_sweep_at_a_time_and_its_lock_is_not_a_job() {
+        let tmp = tempfile::tempdir().unwrap();
+        let runtime = RuntimeDir::open(&tmp.path().join("rt")).unwrap();
+        let first = runtime.lock_for_sweep().unwrap();
+        assert_eq!(runtime.job_dirs().unwrap(), Vec::<String>::new());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let second = {
+            let runtime = runtime.clone();
+            std::thread::spawn(move || {
+                let lock = runtime.lock_for_sweep().unwrap();
+                tx.send(()).unwrap();
+                drop(lock);
+            })
+        };
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "a second sweeper went ahead while the first held the lock"
+        );
+        drop(first);
+        rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        second.join().unwrap();
     }
 }
