@@ -82,46 +82,93 @@ impl CapturedOutput {
     }
 
     /// The text shown for this stream: rendered, redacted (with the lookahead, so a secret
-    /// at the cap is recognised whole), then cut back to about `cap` bytes, never inside a
-    /// redaction marker. Returns the text and the number of redactions.
-    pub fn render_redacted(&self, redact: &dyn Fn(String) -> (String, u64)) -> (String, u64) {
+    /// at the cap is recognised whole), then cut to at most `cap` bytes of delivered text
+    /// (escapes and markers count as what they are on the wire), never inside a redaction
+    /// marker, an escape or a character.
+    pub fn render_redacted(&self, redact: &dyn Fn(String) -> (String, u64)) -> RenderedStream {
         let lookahead_cut = self.total_bytes > self.kept.len() as u64;
-        let (redacted, count) = redact(render_text(&self.kept, lookahead_cut));
-        if self.kept.len() <= self.cap {
-            return (redacted, count);
+        let (redacted, redactions) = redact(render_text(&self.kept, lookahead_cut));
+        // Never past what the first `cap` raw bytes render to, however redaction shrank
+        // the text: the lookahead is for recognising secrets, not for showing more.
+        let raw_end = if self.kept.len() > self.cap {
+            render_text(&self.kept[..self.cap], true).len()
+        } else {
+            redacted.len()
+        };
+        let cut = cut_at_most(&redacted, raw_end.min(self.cap));
+        RenderedStream {
+            truncated: self.truncated || cut < redacted.len(),
+            text: redacted[..cut].to_owned(),
+            redactions,
         }
-        let shown = render_text(&self.kept[..self.cap], true).len();
-        let cut = safe_cut(&redacted, shown);
-        (redacted[..cut].to_owned(), count)
     }
+}
+
+/// One stream as the observation shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedStream {
+    /// The text, at most the cap in bytes.
+    pub text: String,
+    /// Secrets replaced in it (also those in the lookahead past the cut).
+    pub redactions: u64,
+    /// Whether anything of the stream is missing from `text`: bytes past the cap, or
+    /// rendered text that escaping made longer than the cap.
+    pub truncated: bool,
 }
 
 /// The marker redaction leaves behind, up to the rule's name.
 pub const REDACTION_MARKER_PREFIX: &str = "[REDACTED:";
 
-/// A cut position at or after `at` (and at most the text's length) that is a character
-/// boundary and not inside a redaction marker.
-pub fn safe_cut(text: &str, at: usize) -> usize {
+/// The longest escape [`render_text`] writes (`\u{9f}`).
+const LONGEST_ESCAPE_BYTES: usize = 6;
+
+/// A cut position at most `at` (and at most the text's length) that is a character
+/// boundary and not inside a redaction marker or an escape: a cut there drops the whole
+/// marker or escape rather than showing part of it.
+pub fn cut_at_most(text: &str, at: usize) -> usize {
     if at >= text.len() {
         return text.len();
     }
     let mut cut = at;
-    // The last marker that starts before the cut, even if the cut falls inside its prefix.
-    let mut window = (cut + REDACTION_MARKER_PREFIX.len()).min(text.len());
-    while !text.is_char_boundary(window) {
-        window -= 1;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
     }
-    if let Some(start) = text[..window].rfind(REDACTION_MARKER_PREFIX)
-        && start < cut
-        && let Some(end) = text[start..].find(']')
-        && start + end >= cut
+    // A marker that starts before the cut and ends after it.
+    if let Some(start) = text[..cut].rfind(REDACTION_MARKER_PREFIX)
+        && text[start..].find(']').is_none_or(|end| start + end >= cut)
     {
-        cut = start + end + 1;
+        cut = start;
+    } else if let Some(partial) = (1..REDACTION_MARKER_PREFIX.len())
+        .filter(|&n| n <= cut)
+        .find(|&n| {
+            text[..cut].ends_with(&REDACTION_MARKER_PREFIX[..n])
+                && text[cut - n..].starts_with(REDACTION_MARKER_PREFIX)
+        })
+    {
+        cut -= partial;
     }
-    while cut < text.len() && !text.is_char_boundary(cut) {
-        cut += 1;
+    // An escape that starts before the cut and ends after it.
+    let from = cut.saturating_sub(LONGEST_ESCAPE_BYTES - 1);
+    for start in from..cut {
+        if text.as_bytes()[start] == b'\\'
+            && let Some(len) = escape_len(&text.as_bytes()[start..])
+            && start + len > cut
+        {
+            cut = start;
+            break;
+        }
     }
     cut
+}
+
+/// The length of the escape [`render_text`] writes that `bytes` starts with, if any.
+fn escape_len(bytes: &[u8]) -> Option<usize> {
+    let hex = |b: &u8| b.is_ascii_hexdigit();
+    match bytes {
+        [b'\\', b'x', a, b, ..] if hex(a) && hex(b) => Some(4),
+        [b'\\', b'u', b'{', a, b, b'}', ..] if hex(a) && hex(b) => Some(6),
+        _ => None,
+    }
 }
 
 /// Renders captured bytes as text that cannot drive a terminal.
@@ -230,7 +277,7 @@ mod tests {
         assert_eq!(out.kept, b"hello world!");
         assert_eq!(out.total_bytes, 12);
         assert!(out.truncated);
-        assert_eq!(out.render_redacted(&|t| (t, 0)).0, "hello");
+        assert_eq!(out.render_redacted(&|t| (t, 0)).text, "hello");
     }
 
     #[test]
@@ -254,18 +301,46 @@ mod tests {
             let n = t.matches("SECRET-TOKEN-123").count() as u64;
             (t.replace("SECRET-TOKEN-123", "[REDACTED:test]"), n)
         };
-        let (shown, count) = out.render_redacted(&redact);
-        assert_eq!(shown, "aaaaaaaaaa[REDACTED:test]");
-        assert_eq!(count, 1);
-        assert!(!shown.contains("SECR"));
+        let shown = out.render_redacted(&redact);
+        // The marker would pass the cap, so it is dropped whole; the secret never shows.
+        assert_eq!(shown.text, "aaaaaaaaaa");
+        assert_eq!(shown.redactions, 1);
+        assert!(shown.truncated);
+        let mut c = BoundedCapture::new(30);
+        c.push(text.as_bytes());
+        let shown = c.finish().render_redacted(&redact);
+        assert_eq!(shown.text, "aaaaaaaaaa[REDACTED:test] more");
     }
 
     #[test]
-    fn safe_cut_never_splits_a_marker_or_a_character() {
-        assert_eq!(safe_cut("ab[REDACTED:x]cd", 4), 14);
-        assert_eq!(safe_cut("ab[REDACTED:x]cd", 15), 15);
-        assert_eq!(safe_cut("a✓b", 2), 4);
-        assert_eq!(safe_cut("abc", 10), 3);
+    fn cut_at_most_never_splits_a_marker_an_escape_or_a_character() {
+        assert_eq!(cut_at_most("ab[REDACTED:x]cd", 4), 2);
+        assert_eq!(cut_at_most("ab[REDACTED:x]cd", 14), 14);
+        assert_eq!(cut_at_most("ab[REDACTED:x]cd", 15), 15);
+        assert_eq!(cut_at_most("a✓b", 2), 1);
+        assert_eq!(cut_at_most("abc", 10), 3);
+        assert_eq!(cut_at_most("a\\xffb", 3), 1);
+        assert_eq!(cut_at_most("a\\xffb", 5), 5);
+        assert_eq!(cut_at_most("a\\u{9b}", 6), 1);
+    }
+
+    #[test]
+    fn escaping_never_delivers_more_than_the_cap() {
+        // 9,000 bytes of \xff used to deliver 31,919 bytes against a cap of 8,000.
+        let mut c = BoundedCapture::new(8000);
+        c.push(&[0xff; 9000]);
+        let shown = c.finish().render_redacted(&|t| (t, 0));
+        assert!(shown.text.len() <= 8000, "{}", shown.text.len());
+        assert_eq!(shown.text.len(), 8000);
+        assert!(shown.truncated);
+        // Within the cap in raw bytes, but not once escaped: still truncated, honestly.
+        let mut c = BoundedCapture::new(2000);
+        c.push(&[0x01; 1000]);
+        let out = c.finish();
+        assert!(!out.truncated);
+        let shown = out.render_redacted(&|t| (t, 0));
+        assert_eq!(shown.text.len(), 2000);
+        assert!(shown.truncated);
     }
 
     #[test]
@@ -282,7 +357,7 @@ mod tests {
         c.push(b"abc");
         let out = c.finish();
         assert!(out.truncated);
-        assert_eq!(out.render_redacted(&|t| (t, 0)).0, "");
+        assert_eq!(out.render_redacted(&|t| (t, 0)).text, "");
     }
 
     #[test]
@@ -335,6 +410,23 @@ mod tests {
             out.push_str(&r.push(&bytes[split..]));
             out.push_str(&r.finish());
             proptest::prop_assert_eq!(out, render_text(&bytes, false));
+        }
+
+        #[test]
+        fn delivered_text_never_exceeds_the_cap(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..400),
+            cap in 0usize..300,
+        ) {
+            let mut c = BoundedCapture::new(cap);
+            c.push(&bytes);
+            let shown = c.finish().render_redacted(&|t| {
+                let n = t.matches("ab").count() as u64;
+                (t.replace("ab", "[REDACTED:x]"), n)
+            });
+            proptest::prop_assert!(shown.text.len() <= cap);
+            let whole = render_text(&bytes, false).replace("ab", "[REDACTED:x]");
+            proptest::prop_assert!(whole.starts_with(&shown.text));
+            proptest::prop_assert_eq!(shown.truncated, shown.text.len() < whole.len());
         }
 
         #[test]

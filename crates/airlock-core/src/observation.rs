@@ -341,8 +341,8 @@ impl RunReport {
             Termination::Signaled(sig) => (None, Some(signal_name(sig))),
             Termination::Unknown => (None, None),
         };
-        let (stdout, stdout_redactions) = self.stdout.render_redacted(redact);
-        let (stderr, stderr_redactions) = self.stderr.render_redacted(redact);
+        let stdout = self.stdout.render_redacted(redact);
+        let stderr = self.stderr.render_redacted(redact);
         let mut listed = Vec::with_capacity(self.out_files.len());
         let mut released = Vec::with_capacity(self.out_files.len());
         for file in self.out_files {
@@ -376,13 +376,13 @@ impl RunReport {
             outcome,
             exit_code,
             signal,
-            stdout,
-            stderr,
+            stdout: stdout.text,
+            stderr: stderr.text,
             stdout_bytes: self.stdout.total_bytes,
             stderr_bytes: self.stderr.total_bytes,
-            stdout_truncated: self.stdout.truncated,
-            stderr_truncated: self.stderr.truncated,
-            redactions: stdout_redactions + stderr_redactions + file_redactions,
+            stdout_truncated: stdout.truncated,
+            stderr_truncated: stderr.truncated,
+            redactions: stdout.redactions + stderr.redactions + file_redactions,
             duration_ms: duration_ms(self.duration),
             cpu_ms: self.cpu_time.map(duration_ms),
             peak_memory_bytes: self.peak_memory_bytes,

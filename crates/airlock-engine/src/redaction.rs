@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use airlock_core::capture::{StreamRenderer, safe_cut};
+use airlock_core::capture::{StreamRenderer, cut_at_most};
 use airlock_core::{OutputTap, Policy, StreamKind};
 use airlock_redact::{RedactionConfig, Redactor, StreamRedactor};
 
@@ -128,13 +128,14 @@ impl StreamState {
 
     fn limit(&mut self, text: String) -> String {
         let room = self.cap.saturating_sub(self.emitted);
-        let cut = if text.len() > room {
-            safe_cut(&text, room)
-        } else {
-            text.len()
-        };
-        self.emitted += cut;
-        text[..cut].to_owned()
+        if text.len() <= room {
+            self.emitted += text.len();
+            return text;
+        }
+        // The stream ends here: a later, shorter piece must not follow the gap of what
+        // was cut (a marker or escape dropped whole).
+        self.emitted = self.cap;
+        text[..cut_at_most(&text, room)].to_owned()
     }
 }
 

@@ -80,7 +80,7 @@ fn python(code: &str) -> JobRequest {
 }
 
 fn stdout(report: &RunReport) -> String {
-    report.stdout.render_redacted(&|t| (t, 0)).0
+    report.stdout.render_redacted(&|t| (t, 0)).text
 }
 
 #[tokio::test(flavor = "multi_thread")]

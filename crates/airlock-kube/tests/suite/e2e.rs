@@ -121,7 +121,7 @@ async fn containers(job: &str) -> Vec<String> {
 }
 
 fn text(report: &RunReport) -> (String, String) {
-    let render = |c: &airlock_core::capture::CapturedOutput| c.render_redacted(&|t| (t, 0)).0;
+    let render = |c: &airlock_core::capture::CapturedOutput| c.render_redacted(&|t| (t, 0)).text;
     (render(&report.stdout), render(&report.stderr))
 }
 
