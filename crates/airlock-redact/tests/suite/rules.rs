@@ -79,6 +79,44 @@ fn every_rule_redacts_its_examples() {
     assert!(checked > 140, "{checked} examples");
 }
 
+/// A key with a character glued in front (`xsk-…`, `xAKIA…`) is still a key: the rules
+/// with a distinctive prefix have no leading word boundary.
+#[test]
+fn a_glued_character_does_not_hide_a_key() {
+    let r = builtin();
+    for case in CASES.iter().filter(|c| {
+        [
+            "openai-api-key",
+            "anthropic-api-key",
+            "anthropic-admin-key",
+            "aws-access-key-id",
+            "github-pat",
+            "huggingface-token",
+            "npm-token",
+            "slack-bot-token",
+            "stripe-secret-key",
+            "google-api-key",
+            "jwt",
+        ]
+        .contains(&c.id)
+    }) {
+        let example = r
+            .rules()
+            .find(|rule| rule.id == case.id)
+            .and_then(|rule| rule.examples.first().cloned())
+            .unwrap();
+        for glued in [format!("x{example}"), format!("key=0{example}"), format!("_{example}")] {
+            let out = r.redact(&glued);
+            assert!(
+                out.by_rule.contains_key(case.id),
+                "{}: {glued:?} gave {:?}",
+                case.id,
+                out.text
+            );
+        }
+    }
+}
+
 #[test]
 fn a_gcp_service_account_key_file_keeps_everything_but_the_key() {
     let file = r#"{
