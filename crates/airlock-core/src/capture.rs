@@ -81,13 +81,18 @@ impl CapturedOutput {
         }
     }
 
+    /// Everything kept, rendered: what redaction of this stream sees, and the context
+    /// the other stream is redacted in.
+    pub fn rendered(&self) -> String {
+        render_text(&self.kept, self.total_bytes > self.kept.len() as u64)
+    }
+
     /// The text shown for this stream: rendered, redacted (with the lookahead, so a secret
     /// at the cap is recognised whole), then cut to at most `cap` bytes of delivered text
     /// (escapes and markers count as what they are on the wire), never inside a redaction
     /// marker, an escape or a character.
     pub fn render_redacted(&self, redact: &dyn Fn(String) -> (String, u64)) -> RenderedStream {
-        let lookahead_cut = self.total_bytes > self.kept.len() as u64;
-        let (redacted, redactions) = redact(render_text(&self.kept, lookahead_cut));
+        let (redacted, redactions) = redact(self.rendered());
         // Never past what the first `cap` raw bytes render to, however redaction shrank
         // the text: the lookahead is for recognising secrets, not for showing more.
         let raw_end = if self.kept.len() > self.cap {

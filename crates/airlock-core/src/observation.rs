@@ -325,15 +325,17 @@ impl RunReport {
         }
     }
 
-    /// Builds the observation and the released files. `redact` is applied to the kept text
-    /// of each stream and to each released text file, and returns the text and the number of
-    /// replacements.
+    /// Builds the observation and the released files. `redact(before, text, after)` is
+    /// applied to the kept text of each stream, read between the other stream's text on
+    /// both sides (a key split across stdout and stderr is whole to whoever reads both),
+    /// and to each released text file with no context; it returns the text and the number
+    /// of replacements.
     pub fn into_result(
         self,
         job_id: JobId,
         backend: BackendKind,
         policy_version: &str,
-        redact: &dyn Fn(String) -> (String, u64),
+        redact: &dyn Fn(&str, String, &str) -> (String, u64),
     ) -> JobResult {
         let outcome = self.outcome();
         let (exit_code, signal) = match self.termination {
@@ -341,15 +343,20 @@ impl RunReport {
             Termination::Signaled(sig) => (None, Some(signal_name(sig))),
             Termination::Unknown => (None, None),
         };
-        let stdout = self.stdout.render_redacted(redact);
-        let stderr = self.stderr.render_redacted(redact);
+        let (stdout_context, stderr_context) = (self.stdout.rendered(), self.stderr.rendered());
+        let stdout = self
+            .stdout
+            .render_redacted(&|text| redact(&stderr_context, text, &stderr_context));
+        let stderr = self
+            .stderr
+            .render_redacted(&|text| redact(&stdout_context, text, &stdout_context));
         let mut listed = Vec::with_capacity(self.out_files.len());
         let mut released = Vec::with_capacity(self.out_files.len());
         for file in self.out_files {
             let media_type = crate::media::sniff_media_type(&file.path, &file.content);
             let (content, redactions) = if crate::media::is_text(&file.content) {
                 let text = String::from_utf8_lossy(&file.content).into_owned();
-                let (text, count) = redact(text);
+                let (text, count) = redact("", text, "");
                 (text.into_bytes(), count)
             } else {
                 (file.content, 0)
@@ -482,7 +489,7 @@ mod tests {
         }
     }
 
-    fn no_redaction(text: String) -> (String, u64) {
+    fn no_redaction(_: &str, text: String, _: &str) -> (String, u64) {
         (text, 0)
     }
 
@@ -605,7 +612,7 @@ mod tests {
                 content: b"\x89PNG\r\n\x1a\nSECRET".to_vec(),
             },
         ];
-        let redact = |text: String| {
+        let redact = |_: &str, text: String, _: &str| {
             let count = text.matches("SECRET").count() as u64;
             (text.replace("SECRET", "[REDACTED:test]"), count)
         };

@@ -247,8 +247,9 @@ impl Engine {
                                     spec.id.clone(),
                                     self.backend_kind,
                                     &version,
-                                    &|text| {
-                                        let redacted = redactor.redact(&text);
+                                    &|before, text, after| {
+                                        let redacted =
+                                            redactor.redact_between(before, &text, after);
                                         (redacted.text, redacted.count)
                                     },
                                 ),

@@ -240,6 +240,21 @@ impl Redactor {
         self.finish_counts(text, &counts)
     }
 
+    /// Redacts `text` as it reads between `before` and `after`: a secret that starts in
+    /// `before` and ends in `text` (or starts in `text` and ends in `after`) has its part in
+    /// `text` replaced too. For two streams shown side by side (stdout between stderr and
+    /// stderr), where a key split across them is whole again for the reader.
+    pub fn redact_between(&self, before: &str, text: &str, after: &str) -> Redacted {
+        if before.is_empty() && after.is_empty() {
+            return self.redact(text);
+        }
+        let joined = format!("{before}{text}{after}");
+        let mut counts = vec![0u64; self.labels.len()];
+        let region = before.len()..before.len() + text.len();
+        let text = self.redact_region(&joined, region, None, &mut counts);
+        self.finish_counts(text, &counts)
+    }
+
     /// A redactor for text that arrives in pieces; see [`StreamRedactor`].
     pub fn stream(&self) -> StreamRedactor<'_> {
         StreamRedactor::new(self)
@@ -392,6 +407,24 @@ mod tests {
             out.by_rule,
             BTreeMap::from([("github-pat".to_owned(), 1u64)])
         );
+    }
+
+    #[test]
+    fn a_key_split_between_two_texts_is_redacted_in_both() {
+        let r = Redactor::builtin().unwrap();
+        let (head, tail) = GHP.split_at(20);
+        let stdout = format!("a: {head}");
+        let stderr = format!("{tail} b\n");
+        assert_eq!(r.redact(&stdout).count, 0, "each half alone is no key");
+        assert_eq!(r.redact(&stderr).count, 0);
+        let out = r.redact_between(&stderr, &stdout, &stderr);
+        assert_eq!(out.text, "a: [REDACTED:github-pat]");
+        let err = r.redact_between(&stdout, &stderr, &stdout);
+        assert_eq!(err.text, "[REDACTED:github-pat] b\n");
+        // In the other order too (stderr written first).
+        let out = r.redact_between(&format!("x {head}"), &format!("{tail} y"), "");
+        assert_eq!(out.text, "[REDACTED:github-pat] y");
+        assert_eq!(r.redact_between("", "plain", "").text, "plain");
     }
 
     #[test]

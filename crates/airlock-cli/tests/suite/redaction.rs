@@ -194,3 +194,17 @@ fn secrets_on_stderr_are_redacted_too() {
     assert_eq!(run.obs["redactions"], 1);
     assert_eq!(env.audit_lines()[0]["redactions"], 1);
 }
+
+/// Half a key on stdout and the rest on stderr: whoever reads the observation can join
+/// them, so each half is redacted.
+#[test]
+fn a_key_split_between_stdout_and_stderr_is_redacted_in_both() {
+    require_native!();
+    let env = TestEnv::new();
+    let source = "import sys\nk = 'ghp_' + 'A1b2C3d4E5f6G7h8I9j0A1b2C3d4E5f6G7h8'\nsys.stdout.write('id ' + k[:18])\nsys.stdout.flush()\nsys.stderr.write(k[18:] + ' end')\n";
+    let run = env.run_json(&["-c", source]);
+    let stdout = run.obs["stdout"].as_str().unwrap();
+    let stderr = run.obs["stderr"].as_str().unwrap();
+    assert_eq!(stdout, "id [REDACTED:github-pat]", "{:#}", run.obs);
+    assert_eq!(stderr, "[REDACTED:github-pat] end", "{:#}", run.obs);
+}

@@ -105,7 +105,11 @@ fn a_glued_character_does_not_hide_a_key() {
             .find(|rule| rule.id == case.id)
             .and_then(|rule| rule.examples.first().cloned())
             .unwrap();
-        for glued in [format!("x{example}"), format!("key=0{example}"), format!("_{example}")] {
+        for glued in [
+            format!("x{example}"),
+            format!("key=0{example}"),
+            format!("_{example}"),
+        ] {
             let out = r.redact(&glued);
             assert!(
                 out.by_rule.contains_key(case.id),
