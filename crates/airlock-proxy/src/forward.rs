@@ -20,8 +20,8 @@ use tokio::net::TcpStream;
 use crate::config::Secret;
 use crate::meter::Metered;
 use crate::record::LimitKind;
-use crate::secrets::{substitute_bytes, substitute_query};
-use crate::server::{ClientCtx, ProxyBody, Target, fail};
+use crate::secrets::{ScrubbedBody, Scrubber, substitute_bytes, substitute_query};
+use crate::server::{ClientCtx, ProxyBody, Target, fail, text_response};
 use crate::state::InFlight;
 
 /// Largest response head accepted from an upstream, in bytes.
@@ -38,11 +38,26 @@ pub(crate) async fn send(
     inflight: Arc<InFlight>,
 ) -> Response<ProxyBody> {
     let config = &ctx.shared.config;
-    let secrets: Vec<&Secret> = config
+    let (secrets, foreign): (Vec<&Secret>, Vec<&Secret>) = config
         .secrets()
         .iter()
-        .filter(|s| s.is_for(&target.host, target.port))
-        .collect();
+        .partition(|s| s.is_for(&target.host, target.port));
+    // The real value (in any form the scrubber knows) may only go to its own hosts; a job
+    // that read it back somehow must not be able to carry it anywhere else.
+    if let Some(foreign) = Scrubber::new(&foreign) {
+        let in_target = req
+            .uri()
+            .path_and_query()
+            .is_some_and(|pq| foreign.finds(pq.as_str().as_bytes()));
+        let in_headers = req.headers().values().any(|v| foreign.finds(v.as_bytes()));
+        if in_target || in_headers {
+            let reason = "the request carries a secret's real value to a host outside its scope";
+            tracing::warn!(reason, "proxy request denied");
+            inflight.deny(reason, StatusCode::FORBIDDEN.as_u16(), None);
+            return text_response(StatusCode::FORBIDDEN, reason);
+        }
+    }
+    let scrubber = Scrubber::new(&secrets).map(Arc::new);
     let outgoing = match build_request(req, target, &secrets) {
         Ok(outgoing) => outgoing,
         Err(reason) => return fail(&inflight, StatusCode::BAD_REQUEST, reason, None),
@@ -99,6 +114,41 @@ pub(crate) async fn send(
     inflight.update(|r| r.status = Some(status));
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    let Some(scrubber) = scrubber else {
+        return Response::from_parts(parts, body.boxed());
+    };
+    // The upstream saw the real value and may echo it; what the job gets back has it
+    // replaced. A body the proxy cannot read (compressed) is refused rather than passed.
+    let encoded = parts
+        .headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        return fail(
+            &inflight,
+            StatusCode::BAD_GATEWAY,
+            "the upstream of a secret sent a compressed body, which the proxy cannot scrub"
+                .to_owned(),
+            None,
+        );
+    }
+    let mut scrubbed = 0;
+    for value in parts.headers.values_mut() {
+        if let Some((replaced, n)) = scrubber.scrub(value.as_bytes()) {
+            match HeaderValue::from_bytes(&replaced) {
+                Ok(new) => *value = new,
+                Err(_) => *value = HeaderValue::from_static(""),
+            }
+            scrubbed += n;
+        }
+    }
+    if scrubbed > 0 {
+        inflight.update(|r| r.secrets_scrubbed += scrubbed);
+    }
+    // The length changes with each replacement; hyper frames the body as chunked.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let body = ScrubbedBody::new(body, scrubber, inflight);
     Response::from_parts(parts, body.boxed())
 }
 
@@ -125,6 +175,11 @@ fn build_request(
     headers.remove(header::HOST);
     headers.remove(header::EXPECT);
     if !secrets.is_empty() {
+        // A compressed answer could not be scrubbed of the value, so ask for none.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         for value in headers.values_mut() {
             if let Some(replaced) = substitute_bytes(value.as_bytes(), secrets) {
                 let sensitive = value.is_sensitive();

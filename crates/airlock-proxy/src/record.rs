@@ -80,6 +80,14 @@ pub struct ConnectionRecord {
     /// connection limit was used up: how many there were.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<u64>,
+    /// How many times the real value of a secret (or one of its encodings) was replaced
+    /// by its placeholder in this response's headers and body.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub secrets_scrubbed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ConnectionRecord {
@@ -98,6 +106,7 @@ impl ConnectionRecord {
             started_ms,
             duration_ms: 0,
             refused: None,
+            secrets_scrubbed: 0,
         }
     }
 }
