@@ -50,6 +50,7 @@ mod host;
 mod meter;
 mod ranges;
 mod record;
+mod scrub;
 mod secrets;
 mod server;
 mod state;

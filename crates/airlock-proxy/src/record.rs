@@ -12,7 +12,9 @@ use serde::Serialize;
 pub enum Verdict {
     /// The target passed every check; the proxy dialled it (see `error` for how that went).
     Allowed,
-    /// The proxy refused before dialling anything.
+    /// The proxy refused before dialling anything; or, for a request body carrying a
+    /// secret's real value toward a host outside its scope, cut the body off before the
+    /// value went out (then `resolved` and `bytes_up` show what was sent before).
     Denied {
         /// A short reason, also sent to the job in the refusal's body.
         reason: String,

@@ -163,6 +163,8 @@ pub enum Reply {
     Echo,
     /// 200 with a `Content-Encoding: gzip` header and this body.
     Gzip(Arc<Vec<u8>>),
+    /// These bytes as the whole response, then close.
+    Raw(Arc<Vec<u8>>),
 }
 
 /// A tiny HTTP/1.1 server on 127.0.0.1 that records every request it receives (head and
@@ -242,7 +244,17 @@ async fn answer(
                 .then(|| value.trim().parse::<usize>().ok())?
         })
         .unwrap_or(0);
-    while buf.len() < head_end + length {
+    // A chunked body is read to its last chunk (the tests' bodies never hold that
+    // sequence themselves), so the answer comes after the whole request, as from most
+    // servers.
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    while if chunked {
+        !buf[head_end..].ends_with(b"0\r\n\r\n")
+    } else {
+        buf.len() < head_end + length
+    } {
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
             break;
@@ -312,6 +324,10 @@ async fn answer(
             );
             stream.write_all(head.as_bytes()).await?;
             stream.write_all(&body).await?;
+            stream.shutdown().await?;
+        }
+        Reply::Raw(response) => {
+            stream.write_all(&response).await?;
             stream.shutdown().await?;
         }
         Reply::Silent => {
