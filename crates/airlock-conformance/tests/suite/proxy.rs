@@ -109,16 +109,26 @@ impl EchoServer {
                         n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
                     })
                 };
-                let length: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
-                let mut body = vec![0u8; length.min(1 << 20)];
-                let _ = stream.read_exact(&mut body);
+                let length: usize = header("content-length")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                // What arrived, which is less than promised when the proxy cut it off.
+                let mut body = Vec::new();
+                let _ = (&mut stream)
+                    .take(length.min(1 << 20) as u64)
+                    .read_to_end(&mut body);
                 request.extend_from_slice(&body);
-                seen.lock().expect("lock").push(String::from_utf8_lossy(&request).into_owned());
+                seen.lock()
+                    .expect("lock")
+                    .push(String::from_utf8_lossy(&request).into_owned());
                 let auth = header("authorization").unwrap_or_default();
                 let (extra, answer) = if echo {
                     let hex: String = auth.bytes().map(|b| format!("{b:02x}")).collect();
                     let escaped: String = auth.bytes().map(|b| format!("%{b:02X}")).collect();
-                    (format!("X-Echoed: {auth}\r\n"), format!("{head}\n{hex}\n{escaped}\n"))
+                    (
+                        format!("X-Echoed: {auth}\r\n"),
+                        format!("{head}\n{hex}\n{escaped}\n"),
+                    )
                 } else {
                     (String::new(), "ok".to_owned())
                 };
@@ -317,8 +327,11 @@ conformance! {
             "echoed 4\nforwarded 200\nheader 403\nbody 403\nquery 403\n",
             "{obs:#}"
         );
+        // The header and the query were refused before the proxy dialled; the body was
+        // cut off after its head went out, before any of the value did.
         let to_other = other.requests();
-        assert_eq!(to_other.len(), 1, "only the forward reached the other host: {to_other:?}");
+        assert_eq!(to_other.len(), 2, "{to_other:?}");
+        assert!(to_other[1].ends_with("\r\n\r\n"), "a body reached the other host: {to_other:?}");
         let forwarded = to_other[0].split("\r\n\r\n").nth(1).unwrap_or_default();
         let forwarded: Vec<u8> = (0..forwarded.len() / 2)
             .filter_map(|i| u8::from_str_radix(&forwarded[2 * i..2 * i + 2], 16).ok())
@@ -327,7 +340,7 @@ conformance! {
         assert!(forwarded.contains(PLACEHOLDER), "{forwarded}");
         for form in forms_of(SECRET_VALUE) {
             assert!(!forwarded.contains(&form), "{form} came back to the job: {forwarded}");
-            assert!(!to_other[0].contains(&form), "{form} reached the other host");
+            assert!(!to_other.join("").contains(&form), "{form} reached the other host");
         }
         // Audited: the scrubbed answer, and each refusal, with its reason.
         let audit = t.audit_lines();
