@@ -328,10 +328,11 @@ conformance! {
             "{obs:#}"
         );
         // The header and the query were refused before the proxy dialled; the body was
-        // cut off after its head went out, before any of the value did.
+        // cut off before any of the value went out (its head may have, or not even that).
         let to_other = other.requests();
         assert_eq!(to_other.len(), 2, "{to_other:?}");
-        assert!(to_other[1].ends_with("\r\n\r\n"), "a body reached the other host: {to_other:?}");
+        let cut_body = to_other[1].split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        assert_eq!(cut_body, "", "a body reached the other host: {to_other:?}");
         let forwarded = to_other[0].split("\r\n\r\n").nth(1).unwrap_or_default();
         let forwarded: Vec<u8> = (0..forwarded.len() / 2)
             .filter_map(|i| u8::from_str_radix(&forwarded[2 * i..2 * i + 2], 16).ok())
