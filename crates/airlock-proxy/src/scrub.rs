@@ -19,7 +19,8 @@
 //! character at each edge that mixes the value with its neighbours stays, a few bits). Any
 //! other transformation (base32, line-wrapped MIME base64, compression inside the body,
 //! part of the value) passes: the scrubber is a filter for the ways a server echoes
-//! a value, not a proof that none of it can leak.
+//! a value, not a proof that none of it can leak. CONNECT tunnels are not inspected at
+//! all (see docs/proxy.md).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -220,6 +221,10 @@ fn base64_forms(value: &[u8]) -> Vec<Vec<u8>> {
 /// (`%25` is `%` or the start of `%`, `2`, `5`), so every reading is followed, as a set of
 /// offsets.
 fn text_len(value: &[u8], input: &[u8], fold_case: bool) -> Option<usize> {
+    // Most positions fail on the first byte; only then is the set allocated.
+    if byte_as_text(*value.first()?, input, fold_case) == [None, None] {
+        return None;
+    }
     let mut offsets = vec![0usize];
     let mut next = Vec::new();
     for &byte in value {
