@@ -44,8 +44,7 @@ const MAX_TEXT_BYTES_PER_BYTE: usize = 6;
 pub(crate) const FOREIGN_SECRET_REASON: &str =
     "the request carries a secret's real value to a host outside its scope";
 
-/// One secret's value and what replaces it.
-#[derive(Debug)]
+/// One secret's value and what replaces it. No `Debug`: it would print the value.
 struct Known {
     value: Vec<u8>,
     placeholder: Vec<u8>,
@@ -53,8 +52,8 @@ struct Known {
     base64: Vec<Vec<u8>>,
 }
 
-/// Finds and replaces every form of a set of secrets' values (see the module docs).
-#[derive(Debug)]
+/// Finds and replaces every form of a set of secrets' values (see the module docs). No
+/// `Debug`: it would print the values.
 pub(crate) struct Scrubber {
     known: Vec<Known>,
     /// The longest match any form can have, in bytes: how much a stream holds back.
