@@ -5,29 +5,72 @@
 //! `Trailer`, `Transfer-Encoding`, `Upgrade`), every `Proxy-*` header and `Expect` are
 //! dropped both ways; `Host` is always rewritten to the target, so a request for an
 //! allowed host cannot name another virtual host on the same address. Secrets are put in
-//! as described in [`crate::secrets`]. Each request gets a fresh upstream connection,
-//! closed when its response ends; nothing is pooled across requests.
+//! as described in [`crate::secrets`], and kept from coming back or going elsewhere as
+//! described in [`crate::scrub`]. Each request gets a fresh upstream connection, closed
+//! when its response ends; nothing is pooled across requests.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
 use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
+use hyper::ext::ReasonPhrase;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
-use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::config::Secret;
+use crate::config::{ProxyConfig, Secret};
 use crate::meter::Metered;
 use crate::record::LimitKind;
+use crate::scrub::{FOREIGN_SECRET_REASON, GuardedBody, RequestBodyError, ScrubbedBody, Scrubber};
 use crate::secrets::{substitute_bytes, substitute_query};
-use crate::server::{ClientCtx, ProxyBody, Target, fail};
+use crate::server::{ClientCtx, ProxyBody, Target, fail, text_response};
 use crate::state::InFlight;
 
 /// Largest response head accepted from an upstream, in bytes.
 const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
 /// Read buffer of one upstream connection, in bytes.
 const UPSTREAM_BUFFER_BYTES: usize = 128 * 1024;
+
+/// The body sent upstream: the job's, guarded when some secret's value must not go there.
+type UpstreamBody = BoxBody<Bytes, RequestBodyError>;
+
+/// True when the head of `req` (its target's host, and for plain HTTP its path, query and
+/// headers) carries the real value of a secret whose scope does not include the target.
+/// Checked before anything is dialled; a body is checked as it streams ([`send`]). A
+/// CONNECT tunnel's contents cannot be checked (TLS).
+pub(crate) fn carries_foreign_secret(
+    req: &Request<Incoming>,
+    target: &Target,
+    config: &ProxyConfig,
+) -> bool {
+    let foreign: Vec<&Secret> = config
+        .secrets()
+        .iter()
+        .filter(|s| !s.is_for(&target.host, target.port))
+        .collect();
+    let Some(foreign) = Scrubber::new(&foreign) else {
+        return false;
+    };
+    // Host names lose their case on the way (DNS, normalization), so compare without it.
+    if foreign.finds(target.host.to_string().as_bytes(), true) {
+        return true;
+    }
+    if req.method() == Method::CONNECT {
+        return false;
+    }
+    let in_target = req
+        .uri()
+        .path_and_query()
+        .is_some_and(|pq| foreign.finds(pq.as_str().as_bytes(), false));
+    let in_headers = req.headers().iter().any(|(name, value)| {
+        foreign.finds(name.as_str().as_bytes(), true) || foreign.finds(value.as_bytes(), false)
+    });
+    in_target || in_headers
+}
 
 /// Sends `req` to `upstream` and returns the upstream's response, streaming.
 pub(crate) async fn send(
@@ -38,13 +81,24 @@ pub(crate) async fn send(
     inflight: Arc<InFlight>,
 ) -> Response<ProxyBody> {
     let config = &ctx.shared.config;
-    let secrets: Vec<&Secret> = config
+    let (secrets, foreign): (Vec<&Secret>, Vec<&Secret>) = config
         .secrets()
         .iter()
-        .filter(|s| s.is_for(&target.host, target.port))
-        .collect();
+        .partition(|s| s.is_for(&target.host, target.port));
+    let scrubber = Scrubber::new(&secrets).map(Arc::new);
+    // The head was checked before dialling (`carries_foreign_secret`); the body streams,
+    // so it is checked on the way and cut off if it holds a value that must not go here.
+    let refused = Arc::new(AtomicBool::new(false));
+    let guard = Scrubber::new(&foreign);
     let outgoing = match build_request(req, target, &secrets) {
-        Ok(outgoing) => outgoing,
+        Ok(outgoing) => outgoing.map(|body| -> UpstreamBody {
+            match guard {
+                Some(guard) => {
+                    GuardedBody::new(body, guard, inflight.clone(), refused.clone()).boxed()
+                }
+                None => body.map_err(RequestBodyError::from).boxed(),
+            }
+        }),
         Err(reason) => return fail(&inflight, StatusCode::BAD_REQUEST, reason, None),
     };
     let handshake = hyper::client::conn::http1::Builder::new()
@@ -68,6 +122,7 @@ pub(crate) async fn send(
     let shared = ctx.shared.clone();
     let activity = ctx.activity.clone();
     let driver_record = inflight.clone();
+    let driver_refused = refused.clone();
     let token = shared.drain_token();
     tokio::spawn(async move {
         let _token = token;
@@ -75,6 +130,8 @@ pub(crate) async fn send(
         tokio::select! {
             result = conn => match result {
                 Ok(()) => driver_record.finish(),
+                // The proxy cut the body off itself; the record says why already.
+                Err(_) if driver_refused.load(Ordering::SeqCst) => driver_record.finish(),
                 Err(e) => driver_record.fail(format!("upstream: {e}"), None),
             },
             () = activity.idle(idle) => {
@@ -85,6 +142,11 @@ pub(crate) async fn send(
     });
     let response = match sender.send_request(outgoing).await {
         Ok(response) => response,
+        Err(_) if refused.load(Ordering::SeqCst) => {
+            inflight.update(|r| r.status = Some(StatusCode::FORBIDDEN.as_u16()));
+            inflight.finish();
+            return text_response(StatusCode::FORBIDDEN, FOREIGN_SECRET_REASON);
+        }
         Err(e) => {
             return fail(
                 &inflight,
@@ -98,8 +160,88 @@ pub(crate) async fn send(
     let status = response.status().as_u16();
     inflight.update(|r| r.status = Some(status));
     let (mut parts, body) = response.into_parts();
+    let Some(scrubber) = scrubber else {
+        strip_hop_by_hop(&mut parts.headers);
+        return Response::from_parts(parts, body.boxed());
+    };
+    // The upstream saw the real value and may echo it; what the job gets back has it
+    // replaced. A body the proxy cannot read (compressed, as a content or a transfer
+    // coding) is refused rather than passed: it asked for `identity`, and decoding here
+    // would mean a decompressor, and its output bound, on the path of every response.
+    if let Some(coding) = unreadable_coding(&parts.headers) {
+        return fail(
+            &inflight,
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the upstream of a secret sent a compressed body ({coding} coding), which \
+                 the proxy cannot scrub of the secret; it asks for identity"
+            ),
+            None,
+        );
+    }
     strip_hop_by_hop(&mut parts.headers);
+    let mut scrubbed = scrub_head(&mut parts.headers, &scrubber);
+    // hyper sends a non-canonical reason phrase on; the upstream chose it.
+    if let Some(reason) = parts.extensions.get::<ReasonPhrase>()
+        && scrubber.finds(reason.as_bytes(), false)
+    {
+        parts.extensions.remove::<ReasonPhrase>();
+        scrubbed += 1;
+    }
+    if scrubbed > 0 {
+        inflight.update(|r| r.secrets_scrubbed += scrubbed);
+    }
+    // The length changes with each replacement; hyper frames the body as chunked.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let body = ScrubbedBody::new(body, scrubber, inflight);
     Response::from_parts(parts, body.boxed())
+}
+
+/// The first content or transfer coding of a response other than `identity` and
+/// `chunked` (which hyper removes), if there is one.
+fn unreadable_coding(headers: &HeaderMap) -> Option<String> {
+    let content = headers.get_all(header::CONTENT_ENCODING).iter();
+    let transfer = headers.get_all(header::TRANSFER_ENCODING).iter();
+    content
+        .chain(transfer)
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(|coding| String::from_utf8_lossy(coding).trim().to_ascii_lowercase())
+        .find(|coding| coding != "identity" && coding != "chunked")
+        .map(|coding| {
+            if coding.is_empty() {
+                "an empty".to_owned()
+            } else {
+                coding
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .take(32)
+                    .collect()
+            }
+        })
+}
+
+/// Replaces the secrets' values in header values, and drops a header whose name holds
+/// one; returns how many replacements and drops there were.
+fn scrub_head(headers: &mut HeaderMap, scrubber: &Scrubber) -> u64 {
+    let mut scrubbed = 0;
+    let named: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| scrubber.finds(name.as_str().as_bytes(), true))
+        .cloned()
+        .collect();
+    for name in named {
+        headers.remove(name);
+        scrubbed += 1;
+    }
+    for value in headers.values_mut() {
+        if let Some((replaced, n)) = scrubber.scrub(value.as_bytes()) {
+            // A placeholder is header-safe text, so this only fails on bytes the upstream
+            // sent around it that hyper let through; then the value goes.
+            *value = HeaderValue::from_bytes(&replaced).unwrap_or(HeaderValue::from_static(""));
+            scrubbed += n;
+        }
+    }
+    scrubbed
 }
 
 fn build_request(
@@ -125,6 +267,11 @@ fn build_request(
     headers.remove(header::HOST);
     headers.remove(header::EXPECT);
     if !secrets.is_empty() {
+        // A compressed answer could not be scrubbed of the value, so ask for none.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         for value in headers.values_mut() {
             if let Some(replaced) = substitute_bytes(value.as_bytes(), secrets) {
                 let sensitive = value.is_sensitive();

