@@ -239,6 +239,22 @@ class _Base:
             self._binary = _local.find_binary(self._binary_hint)
         return self._binary
 
+    def tool_sync(self) -> ToolDefinition:
+        """The `run_code` tool the server (or the binary, for its policy) defines, fetched
+        once per client (blocking)."""
+        with self._lock:
+            if self._tool is None:
+                if self.endpoint is not None:
+                    data = _http.get_json(
+                        self.endpoint, "/v1/tool-schema?format=chat", SCHEMA_TIMEOUT_S
+                    )
+                else:
+                    data = _local.tool_schema(self.binary, self._policy, "chat", SCHEMA_TIMEOUT_S)
+                if not isinstance(data, Mapping):
+                    raise TransportError("the tool schema is not a JSON object")
+                self._tool = ToolDefinition.from_wire(data)
+            return self._tool
+
     def _deadline(self, request: RunRequest, tool: ToolDefinition | None) -> float:
         wall = request.timeout_s
         if wall is None and tool is not None:
@@ -290,18 +306,7 @@ class Client(_Base):
 
     def tool(self) -> ToolDefinition:
         """The `run_code` tool the server (or the binary, for its policy) defines."""
-        with self._lock:
-            if self._tool is None:
-                if self.endpoint is not None:
-                    data = _http.get_json(
-                        self.endpoint, "/v1/tool-schema?format=chat", SCHEMA_TIMEOUT_S
-                    )
-                else:
-                    data = _local.tool_schema(self.binary, self._policy, "chat", SCHEMA_TIMEOUT_S)
-                if not isinstance(data, Mapping):
-                    raise TransportError("the tool schema is not a JSON object")
-                self._tool = ToolDefinition.from_wire(data)
-            return self._tool
+        return self.tool_sync()
 
     def _timeout_for(self, request: RunRequest) -> float:
         tool = None
