@@ -14,7 +14,7 @@ from typing import Any
 from . import _http, _local
 from ._request import NetworkMode, RunRequest
 from ._types import Chunk, Observation
-from .errors import AirlockError, TransportError, raise_for_observation
+from .errors import AirlockError, InvalidInput, TransportError, raise_for_observation
 
 #: Added to the job's wall time for the client's own deadline in local mode: sandbox
 #: setup and teardown.
@@ -226,6 +226,8 @@ class _Base:
         )
         self._tool: ToolDefinition | None = None
         self._lock = threading.Lock()
+        self.server_returns_files = True
+        """False once the server refused `return_files` as an unknown field."""
 
     @property
     def is_remote(self) -> bool:
@@ -254,6 +256,21 @@ class _Base:
                     raise TransportError("the tool schema is not a JSON object")
                 self._tool = ToolDefinition.from_wire(data)
             return self._tool
+
+    def _body(self, request: RunRequest) -> dict[str, Any]:
+        body = request.to_json()
+        if not self.server_returns_files:
+            body.pop("return_files", None)
+        return body
+
+    def _note_refusal(self, error: InvalidInput, body: dict[str, Any]) -> bool:
+        """Whether `error` is a server that predates `return_files` refusing it (the
+        request was refused while parsing, so no job ran); the field is then dropped for
+        this client's later requests, and the files come back listed only."""
+        if "return_files" in body and "`return_files`" in error.message:
+            self.server_returns_files = False
+            return True
+        return False
 
     def _deadline(self, request: RunRequest, tool: ToolDefinition | None) -> float:
         wall = request.timeout_s
@@ -321,7 +338,13 @@ class Client(_Base):
         """Runs a prepared `RunRequest`. See `run`."""
         timeout = self._timeout_for(request)
         if self.endpoint is not None:
-            observation = _http.run(self.endpoint, request.to_json(), timeout)
+            body = self._body(request)
+            try:
+                observation = _http.run(self.endpoint, body, timeout)
+            except InvalidInput as e:
+                if not self._note_refusal(e, body):
+                    raise
+                observation = _http.run(self.endpoint, self._body(request), timeout)
         else:
             observation = _local.run(self.binary, self._options, request, timeout)
         raise_for_observation(observation)
@@ -375,7 +398,19 @@ class Client(_Base):
         """Streams a prepared `RunRequest`. See `stream`."""
         timeout = self._timeout_for(request)
         if self.endpoint is not None:
-            return RunStream(_http.stream(self.endpoint, request.to_json(), timeout))
+            endpoint = self.endpoint
+
+            def remote() -> Iterator[Chunk | Observation]:
+                body = self._body(request)
+                try:
+                    yield from _http.stream(endpoint, body, timeout)
+                except InvalidInput as e:
+                    # Refused before any chunk: the retry's items are the only ones.
+                    if not self._note_refusal(e, body):
+                        raise
+                    yield from _http.stream(endpoint, self._body(request), timeout)
+
+            return RunStream(remote())
         binary, options = self.binary, self._options
 
         def local() -> Iterator[Chunk | Observation]:
@@ -456,7 +491,13 @@ class AsyncClient(_Base):
         """Runs a prepared `RunRequest`. See `Client.run`."""
         timeout = await self._timeout_for(request)
         if self.endpoint is not None:
-            observation = await _http.async_run(self.endpoint, request.to_json(), timeout)
+            body = self._body(request)
+            try:
+                observation = await _http.async_run(self.endpoint, body, timeout)
+            except InvalidInput as e:
+                if not self._note_refusal(e, body):
+                    raise
+                observation = await _http.async_run(self.endpoint, self._body(request), timeout)
         else:
             observation = await _local.async_run(self.binary, self._options, request, timeout)
         raise_for_observation(observation)
@@ -504,8 +545,15 @@ class AsyncClient(_Base):
         async def items() -> AsyncIterator[Chunk | Observation]:
             timeout = await self._timeout_for(request)
             if self.endpoint is not None:
-                async for item in _http.async_stream(self.endpoint, request.to_json(), timeout):
-                    yield item
+                body = self._body(request)
+                try:
+                    async for item in _http.async_stream(self.endpoint, body, timeout):
+                        yield item
+                except InvalidInput as e:
+                    if not self._note_refusal(e, body):
+                        raise
+                    async for item in _http.async_stream(self.endpoint, self._body(request), timeout):
+                        yield item
                 return
             observation = await _local.async_run(self.binary, self._options, request, timeout)
             for item in _local_chunks(observation):
