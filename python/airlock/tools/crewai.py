@@ -52,15 +52,13 @@ def model_from_schema(schema: Mapping[str, Any], name: str) -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for prop, sub in (schema.get("properties") or {}).items():
         python = _python_type(sub, name + prop.title().replace("_", ""))
-        constraints = {
-            "description": sub.get("description"),
-            "ge": sub.get("minimum"),
-            "le": sub.get("maximum"),
-        }
+        # Bounds (timeout_s's maximum) stay in the description, not the model: airlock
+        # judges them, so the agent gets the policy's own refusal, as with every framework.
+        description = sub.get("description")
         if prop in required:
-            fields[prop] = (python, Field(..., **constraints))
+            fields[prop] = (python, Field(..., description=description))
         else:
-            fields[prop] = (python | None, Field(None, **constraints))
+            fields[prop] = (python | None, Field(None, description=description))
     model: type[BaseModel] = create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
     return model
 
