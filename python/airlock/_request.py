@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +154,3 @@ def read_out_dir(observation: dict[str, Any], out_dir: Path) -> None:
             continue
         entry["content_base64"] = base64.b64encode(path.read_bytes()).decode("ascii")
 
-
-def env_flag(name: str) -> bool:
-    """Whether an environment variable is set to a true value."""
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}

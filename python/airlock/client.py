@@ -552,7 +552,9 @@ class AsyncClient(_Base):
                 except InvalidInput as e:
                     if not self._note_refusal(e, body):
                         raise
-                    async for item in _http.async_stream(self.endpoint, self._body(request), timeout):
+                    async for item in _http.async_stream(
+                        self.endpoint, self._body(request), timeout
+                    ):
                         yield item
                 return
             observation = await _local.async_run(self.binary, self._options, request, timeout)

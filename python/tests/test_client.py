@@ -293,3 +293,5 @@ def test_the_binary_is_installed_with_the_package(monkeypatch: pytest.MonkeyPatc
 
     found = airlock._local.find_binary()
     assert Path(found).parent == Path(sysconfig.get_path("scripts"))
+    # And the package under test is the installed one, not a source checkout.
+    assert Path(airlock.__file__).is_relative_to(sysconfig.get_path("purelib"))

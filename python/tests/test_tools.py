@@ -80,16 +80,14 @@ SCENARIOS = [
         _timeout,
     ),
     Scenario("flood", {"language": "python", "code": "print('x' * 2_000_000)"}, _flood),
-    Scenario(
-        "secret", {"language": "python", "code": f"print('gh' + 'p_{SECRET_TAIL}')"}, _secret
-    ),
+    Scenario("secret", {"language": "python", "code": f"print('gh' + 'p_{SECRET_TAIL}')"}, _secret),
     Scenario("refused", {"language": "python", "code": "print(1)", "timeout_s": 60}, _refused),
     Scenario(
         "out_file",
         {
             "language": "python",
             "code": "import base64\nopen('/out/blob.bin', 'wb').write("
-            f"base64.b64decode(open('in.b64').read()))",
+            "base64.b64decode(open('in.b64').read()))",
             "files": [{"path": "in.b64", "content": base64.b64encode(PAYLOAD).decode()}],
         },
         _out_file,
@@ -207,7 +205,9 @@ def test_openai_agents_runner(scenario: Scenario, remote_or_local: dict[str, Any
             self.tool_outputs: list[Any] = []
             self.tools: list[Any] = []
 
-        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        async def get_response(
+            self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+        ) -> Any:
             self.turn += 1
             self.tools = args[2] if len(args) > 2 else kwargs.get("tools", [])
             if self.turn == 1:
@@ -233,7 +233,9 @@ def test_openai_agents_runner(scenario: Scenario, remote_or_local: dict[str, Any
                         type="message",
                         role="assistant",
                         status="completed",
-                        content=[ResponseOutputText(type="output_text", text="done", annotations=[])],
+                        content=[
+                            ResponseOutputText(type="output_text", text="done", annotations=[])
+                        ],
                     )
                 ]
             return ModelResponse(output=output, usage=Usage(), response_id=None)
