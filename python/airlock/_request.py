@@ -153,4 +153,3 @@ def read_out_dir(observation: dict[str, Any], out_dir: Path) -> None:
         if root not in path.parents or not path.is_file() or path.is_symlink():
             continue
         entry["content_base64"] = base64.b64encode(path.read_bytes()).decode("ascii")
-

@@ -207,6 +207,7 @@ class _Base:
         self._binary: str | None = None
         self._options: list[str] = []
         self._policy = os.fspath(policy) if policy is not None else None
+        self._binary_hint = binary
         if chosen_url is not None:
             if policy is not None or backend is not None or binary is not None:
                 raise ValueError("policy, backend and binary are the server's in remote mode")
@@ -214,7 +215,6 @@ class _Base:
                 chosen_url, token if token is not None else os.environ.get("AIRLOCK_TOKEN")
             )
         else:
-            self._binary_hint = binary
             if self._policy is not None:
                 self._options += ["--policy", self._policy]
             if backend is not None:
