@@ -11,7 +11,7 @@ import http.client
 import json
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -425,7 +425,7 @@ async def async_get_json(endpoint: Endpoint, path: str, timeout_s: float | None)
 
 async def async_stream(
     endpoint: Endpoint, body: dict[str, Any], timeout_s: float | None
-) -> AsyncIterator[Chunk | Observation]:
+) -> AsyncGenerator[Chunk | Observation, None]:
     """`POST /v1/runs?stream=true`: chunks as they arrive, then the observation."""
     response = await async_request(
         endpoint,

@@ -7,6 +7,7 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -546,16 +547,18 @@ class AsyncClient(_Base):
             timeout = await self._timeout_for(request)
             if self.endpoint is not None:
                 body = self._body(request)
+                # aclosing: closing this stream closes the connection now, not at GC.
                 try:
-                    async for item in _http.async_stream(self.endpoint, body, timeout):
-                        yield item
+                    async with aclosing(_http.async_stream(self.endpoint, body, timeout)) as items:
+                        async for item in items:
+                            yield item
                 except InvalidInput as e:
                     if not self._note_refusal(e, body):
                         raise
-                    async for item in _http.async_stream(
-                        self.endpoint, self._body(request), timeout
-                    ):
-                        yield item
+                    retry = _http.async_stream(self.endpoint, self._body(request), timeout)
+                    async with aclosing(retry) as items:
+                        async for item in items:
+                            yield item
                 return
             observation = await _local.async_run(self.binary, self._options, request, timeout)
             for item in _local_chunks(observation):

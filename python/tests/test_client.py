@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import stat
 import sysconfig
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -191,6 +193,44 @@ def test_stream_yields_chunks_as_they_arrive(client: airlock.Client) -> None:
         # Live: the first line arrived well before the job ended.
         assert len(arrivals) == 3
         assert arrivals[0][0] < done - 0.6
+
+
+def _jobs_in_flight(server: Server) -> int:
+    with urllib.request.urlopen(f"{server.url}/v1/health", timeout=10) as response:
+        return int(json.load(response)["jobs_in_flight"])
+
+
+def test_closing_a_stream_early_ends_the_job(server: Server) -> None:
+    client = airlock.Client(server.url, server.token)
+    source = "import time\nprint('started', flush=True)\ntime.sleep(4)\nprint('late')"
+    with client.stream(source, timeout_s=5) as stream:
+        first = next(iter(stream))
+        assert first.text == "started\n"
+        assert _jobs_in_flight(server) == 1
+    started = time.monotonic()
+    while _jobs_in_flight(server) and time.monotonic() - started < 3:
+        time.sleep(0.05)
+    # Gone well before the job's own 4 s sleep would have ended it.
+    assert _jobs_in_flight(server) == 0
+
+
+def test_cancelling_an_async_stream_ends_the_job(server: Server) -> None:
+    client = airlock.AsyncClient(server.url, server.token)
+    source = "import time\nprint('started', flush=True)\ntime.sleep(4)"
+
+    async def main() -> float:
+        stream = client.stream(source, timeout_s=5)
+        assert (await stream.__anext__()).text == "started\n"
+        await stream.aclose()
+        # Still inside the running loop: the close itself ended the job.
+        started = time.monotonic()
+        while await asyncio.to_thread(_jobs_in_flight, server):
+            if time.monotonic() - started > 3:
+                break
+            await asyncio.sleep(0.05)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 3
 
 
 def test_stream_refusals_raise(client: airlock.Client) -> None:
