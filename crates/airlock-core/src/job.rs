@@ -352,10 +352,11 @@ impl JobRequest {
     }
 }
 
+// The ceiling is checked before the value's own sanity bounds: a request for more than the
+// policy allows is `policy_denied` however absurd the number (a model asking for 1e9 s).
 fn resolve_limits(request: &LimitsRequest, ceiling: &Limits) -> Result<Limits, Error> {
     let mut limits = ceiling.clone();
     if let Some(timeout) = request.timeout {
-        policy::check_timeout(timeout).map_err(|r| Error::invalid("limits.timeout", r))?;
         if timeout > ceiling.timeout {
             return Err(above(
                 "limits.timeout",
@@ -363,10 +364,10 @@ fn resolve_limits(request: &LimitsRequest, ceiling: &Limits) -> Result<Limits, E
                 &crate::units::format_duration(ceiling.timeout),
             ));
         }
+        policy::check_timeout(timeout).map_err(|r| Error::invalid("limits.timeout", r))?;
         limits.timeout = timeout;
     }
     if let Some(memory) = request.memory {
-        policy::check_memory(memory).map_err(|r| Error::invalid("limits.memory", r))?;
         if memory > ceiling.memory {
             return Err(above(
                 "limits.memory",
@@ -374,10 +375,10 @@ fn resolve_limits(request: &LimitsRequest, ceiling: &Limits) -> Result<Limits, E
                 &ceiling.memory.to_string(),
             ));
         }
+        policy::check_memory(memory).map_err(|r| Error::invalid("limits.memory", r))?;
         limits.memory = memory;
     }
     if let Some(cpus) = request.cpus {
-        policy::check_cpus(cpus).map_err(|r| Error::invalid("limits.cpus", r))?;
         if cpus > ceiling.cpus {
             return Err(above(
                 "limits.cpus",
@@ -385,10 +386,10 @@ fn resolve_limits(request: &LimitsRequest, ceiling: &Limits) -> Result<Limits, E
                 &ceiling.cpus.to_string(),
             ));
         }
+        policy::check_cpus(cpus).map_err(|r| Error::invalid("limits.cpus", r))?;
         limits.cpus = cpus;
     }
     if let Some(pids) = request.pids {
-        policy::check_pids(pids).map_err(|r| Error::invalid("limits.pids", r))?;
         if pids > ceiling.pids {
             return Err(above(
                 "limits.pids",
@@ -396,6 +397,7 @@ fn resolve_limits(request: &LimitsRequest, ceiling: &Limits) -> Result<Limits, E
                 &ceiling.pids.to_string(),
             ));
         }
+        policy::check_pids(pids).map_err(|r| Error::invalid("limits.pids", r))?;
         limits.pids = pids;
     }
     Ok(limits)
@@ -637,18 +639,14 @@ mod tests {
     }
 
     #[test]
-    fn zero_and_absurd_limits_are_invalid_input() {
-        let cases: Vec<LimitsRequest> = vec![
+    fn zero_limits_are_invalid_input_and_absurd_ones_policy_denied() {
+        let zero = [
             LimitsRequest {
                 timeout: Some(Duration::ZERO),
                 ..Default::default()
             },
             LimitsRequest {
                 memory: Some(ByteSize::bytes(0)),
-                ..Default::default()
-            },
-            LimitsRequest {
-                memory: Some(ByteSize::bytes(u64::MAX)),
                 ..Default::default()
             },
             LimitsRequest {
@@ -659,16 +657,31 @@ mod tests {
                 pids: Some(0),
                 ..Default::default()
             },
+        ];
+        // Above every ceiling: denied like any other value above it, never a parse error.
+        let absurd = [
+            LimitsRequest {
+                timeout: Some(Duration::from_secs(1_000_000_000)),
+                ..Default::default()
+            },
+            LimitsRequest {
+                memory: Some(ByteSize::bytes(u64::MAX)),
+                ..Default::default()
+            },
             LimitsRequest {
                 pids: Some(u32::MAX),
                 ..Default::default()
             },
         ];
-        for limits in cases {
+        for (limits, kind) in zero
+            .iter()
+            .map(|l| (l, ErrorKind::InvalidInput))
+            .chain(absurd.iter().map(|l| (l, ErrorKind::PolicyDenied)))
+        {
             let mut req = python("1");
             req.limits = limits.clone();
             let err = req.resolve(&Policy::builtin()).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{limits:?}");
+            assert_eq!(err.kind(), kind, "{limits:?}: {err}");
         }
     }
 

@@ -97,6 +97,23 @@ impl Transform for PlainEnums {
 /// `$schema`, `title`) removed. `null` for an optional property means absent, which the
 /// request types accept.
 pub fn strict(schema: &Value) -> Value {
+    inline_and_close(schema, Required::Every)
+}
+
+/// Like [`strict`], but properties the type has as optional stay out of `required` (they
+/// are still nullable): the shape for MCP's `inputSchema`, where some clients (CrewAI's
+/// adapter) turn every required property into one the model must fill.
+pub fn closed(schema: &Value) -> Value {
+    inline_and_close(schema, Required::AsDeclared)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Required {
+    Every,
+    AsDeclared,
+}
+
+fn inline_and_close(schema: &Value, required: Required) -> Value {
     let definitions = schema
         .get("$defs")
         .and_then(Value::as_object)
@@ -106,7 +123,7 @@ pub fn strict(schema: &Value) -> Value {
     if let Some(object) = out.as_object_mut() {
         object.remove("$defs");
     }
-    close(&mut out);
+    close(&mut out, required);
     out
 }
 
@@ -149,7 +166,7 @@ fn resolve(value: &Value, definitions: &Map<String, Value>, depth: usize) -> Val
     }
 }
 
-fn close(value: &mut Value) {
+fn close(value: &mut Value, require: Required) {
     let Some(object) = value.as_object_mut() else {
         return;
     };
@@ -168,19 +185,21 @@ fn close(value: &mut Value) {
         .unwrap_or_default();
     if let Some(Value::Object(properties)) = object.get_mut("properties") {
         for (name, property) in properties.iter_mut() {
-            close(property);
+            close(property, require);
             if !required.contains(name) {
                 make_nullable(property);
             }
         }
-        let names: Vec<Value> = properties.keys().cloned().map(Value::from).collect();
-        object.insert("required".to_owned(), Value::Array(names));
+        if require == Required::Every {
+            let names: Vec<Value> = properties.keys().cloned().map(Value::from).collect();
+            object.insert("required".to_owned(), Value::Array(names));
+        }
         object.insert("additionalProperties".to_owned(), Value::Bool(false));
     }
     for key in ["items", "anyOf", "oneOf", "allOf"] {
         match object.get_mut(key) {
-            Some(Value::Array(items)) => items.iter_mut().for_each(close),
-            Some(item @ Value::Object(_)) => close(item),
+            Some(Value::Array(items)) => items.iter_mut().for_each(|item| close(item, require)),
+            Some(item @ Value::Object(_)) => close(item, require),
             _ => {}
         }
     }
@@ -293,6 +312,36 @@ mod tests {
                     "d": {"type": ["string", "null"], "enum": ["x", "y", null]}
                 },
                 "required": ["a", "b", "c", "d"],
+                "additionalProperties": false
+            })
+        );
+    }
+
+    #[test]
+    fn closed_keeps_optional_properties_out_of_required() {
+        let loose = json!({
+            "type": "object",
+            "properties": {
+                "a": {"type": "string"},
+                "c": {"type": "array", "items": {"$ref": "#/$defs/File"}}
+            },
+            "required": ["a"],
+            "$defs": {"File": {"type": "object", "properties": {"p": {"type": "string"}, "q": {"type": "string"}}, "required": ["p"]}}
+        });
+        assert_eq!(
+            closed(&loose),
+            json!({
+                "type": "object",
+                "properties": {
+                    "a": {"type": "string"},
+                    "c": {"type": ["array", "null"], "items": {
+                        "type": "object",
+                        "properties": {"p": {"type": "string"}, "q": {"type": ["string", "null"]}},
+                        "required": ["p"],
+                        "additionalProperties": false
+                    }}
+                },
+                "required": ["a"],
                 "additionalProperties": false
             })
         );

@@ -72,7 +72,7 @@ impl RunCodeServer {
         let params: Result<RunCodeParams, _> =
             serde_json::from_value(arguments.unwrap_or(Value::Object(Default::default())));
         let request = match params {
-            Ok(params) => params.into_request(),
+            Ok(params) => params.into_request(&self.executor.policy(tenant.as_deref())),
             Err(e) => Err((ErrorKind::InvalidInput, format!("arguments: {e}"))),
         };
         let observation = match request {

@@ -13,15 +13,17 @@ use serde_json::{Map, Value};
 /// The tool's name.
 pub const TOOL_NAME: &str = "run_code";
 
-/// The arguments of a `run_code` call.
+/// The arguments of a `run_code` call. `null` for any optional argument means absent
+/// (strict-mode models and CrewAI send every property).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "run_code arguments")]
 pub struct RunCodeParams {
-    /// The language of `code`.
-    pub language: String,
     /// The program's complete source code (UTF-8). Its stdout and stderr are returned.
     pub code: String,
+    /// The language of `code`; the policy's default language (python) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
     /// Input files, placed under /work (the program's working directory) before it starts.
     #[serde(
         default,
@@ -34,6 +36,15 @@ pub struct RunCodeParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.01))]
     pub timeout_s: Option<f64>,
+    /// Return the files the program writes under /out, with their content (base64) up to
+    /// the policy's inline cap; larger ones are listed without content.
+    #[serde(
+        default,
+        skip_serializing_if = "std::ops::Not::not",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "bool")]
+    pub return_files: bool,
 }
 
 /// An input file of a `run_code` call.
@@ -70,7 +81,16 @@ pub fn decode_file(
                     format!("{field}.content_base64: not base64: {e}"),
                 )
             })?,
-        (None, None) => Vec::new(),
+        // Never an empty file in place of content that was lost on the way (a model
+        // sending nulls for both): an empty file is `"content": ""`.
+        (None, None) => {
+            return Err((
+                ErrorKind::InvalidInput,
+                format!(
+                    "{field}: give content or content_base64 (\"content\": \"\" for an empty file)"
+                ),
+            ));
+        }
         (Some(_), Some(_)) => {
             return Err((
                 ErrorKind::InvalidInput,
@@ -85,7 +105,8 @@ pub fn decode_file(
     })
 }
 
-/// Seconds as a [`Duration`]: finite and positive, else an `invalid_input` error.
+/// Seconds as a [`Duration`]: finite and positive, else an `invalid_input` error. A value
+/// too large for a `Duration` saturates, so the policy's ceiling check denies it.
 pub fn seconds(field: &str, value: f64) -> Result<Duration, ParamsError> {
     if !value.is_finite() || value <= 0.0 {
         return Err((
@@ -93,13 +114,13 @@ pub fn seconds(field: &str, value: f64) -> Result<Duration, ParamsError> {
             format!("{field}: {value} is not a positive number of seconds"),
         ));
     }
-    Duration::try_from_secs_f64(value)
-        .map_err(|e| (ErrorKind::InvalidInput, format!("{field}: {e}")))
+    Ok(Duration::try_from_secs_f64(value).unwrap_or(Duration::MAX))
 }
 
 impl RunCodeParams {
-    /// The job these arguments ask for.
-    pub fn into_request(self) -> Result<JobRequest, ParamsError> {
+    /// The job these arguments ask for under `policy` (which gives the default language).
+    /// `return_files` asks for `/out`; inlining its files is the caller's part.
+    pub fn into_request(self, policy: &Policy) -> Result<JobRequest, ParamsError> {
         let files = self
             .files
             .into_iter()
@@ -111,23 +132,54 @@ impl RunCodeParams {
             .map(|s| seconds("timeout_s", s))
             .transpose()?;
         Ok(JobRequest {
-            language: self.language,
+            language: self
+                .language
+                .unwrap_or_else(|| policy.default_language().to_owned()),
             source: self.code.into_bytes(),
             files,
             limits: LimitsRequest {
                 timeout,
                 ..LimitsRequest::default()
             },
+            out: self.return_files,
             ..JobRequest::default()
         })
     }
 }
 
-/// The JSON Schema of the tool's arguments, with `language` narrowed to the policy's
-/// languages.
-pub fn input_schema(policy: &Policy) -> Map<String, Value> {
-    let schema = schemars::schema_for!(RunCodeParams);
-    let mut value = schema.to_value();
+/// The shape a tool schema is served in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolSchemaFormat {
+    /// Chat Completions: `{"type": "function", "function": {"name", "description",
+    /// "parameters", "strict": true}}`.
+    #[default]
+    Chat,
+    /// The Responses API: `{"type": "function", "name", "description", "parameters",
+    /// "strict": true}`.
+    Responses,
+}
+
+impl std::str::FromStr for ToolSchemaFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "chat" => Ok(Self::Chat),
+            "responses" => Ok(Self::Responses),
+            other => Err(format!(
+                "unknown tool schema format {other:?}: chat or responses"
+            )),
+        }
+    }
+}
+
+/// The arguments' schema from the type, with `language` narrowed to the policy's languages
+/// and `timeout_s` to its ceiling; references and `$schema` still in.
+fn params_schema(policy: &Policy) -> Value {
+    let mut value = airlock_core::schema::generator("/$defs")
+        .into_root_schema_for::<RunCodeParams>()
+        .to_value();
     if let Some(language) = value.pointer_mut("/properties/language")
         && let Some(object) = language.as_object_mut()
     {
@@ -150,10 +202,22 @@ pub fn input_schema(policy: &Policy) -> Map<String, Value> {
             Value::from(policy.limits.timeout.as_secs_f64()),
         );
     }
-    match value {
+    value
+}
+
+/// MCP's `inputSchema`: no references, objects closed, optional arguments nullable and
+/// not required (only `code` is).
+pub fn input_schema(policy: &Policy) -> Map<String, Value> {
+    match airlock_core::schema::closed(&params_schema(policy)) {
         Value::Object(map) => map,
         _ => Map::new(),
     }
+}
+
+/// The strict parameters schema for function calling: every argument required, optional
+/// ones nullable, no references, objects closed.
+pub fn strict_input_schema(policy: &Policy) -> Value {
+    airlock_core::schema::strict(&params_schema(policy))
 }
 
 /// What the model is told about the tool: the limits of `policy`, the network, files and
@@ -194,17 +258,27 @@ pub fn description(policy: &Policy) -> String {
     )
 }
 
-/// The tool in the shape OpenAI-style function calling uses:
-/// `{"type": "function", "function": {"name", "description", "parameters"}}`.
-pub fn function_schema(policy: &Policy) -> Value {
-    serde_json::json!({
-        "type": "function",
-        "function": {
+/// The tool for function calling, strict, in `format`'s shape.
+pub fn function_schema(policy: &Policy, format: ToolSchemaFormat) -> Value {
+    let parameters = strict_input_schema(policy);
+    match format {
+        ToolSchemaFormat::Chat => serde_json::json!({
+            "type": "function",
+            "function": {
+                "name": TOOL_NAME,
+                "description": description(policy),
+                "parameters": parameters,
+                "strict": true,
+            }
+        }),
+        ToolSchemaFormat::Responses => serde_json::json!({
+            "type": "function",
             "name": TOOL_NAME,
             "description": description(policy),
-            "parameters": Value::Object(input_schema(policy)),
-        }
-    })
+            "parameters": parameters,
+            "strict": true,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -221,7 +295,7 @@ mod tests {
             "timeout_s": 1.5
         }))
         .unwrap();
-        let request = params.into_request().unwrap();
+        let request = params.into_request(&Policy::builtin()).unwrap();
         assert_eq!(request.source, b"print(1)");
         assert_eq!(request.files[0].content, b"hi");
         assert_eq!(request.files[1].content, vec![0, 1]);
@@ -232,12 +306,33 @@ mod tests {
     #[test]
     fn null_means_absent() {
         let params: RunCodeParams = serde_json::from_value(serde_json::json!({
-            "code": "print(1)", "files": null, "language": "python", "timeout_s": null
+            "code": "print(1)", "files": null, "language": null, "timeout_s": null,
+            "return_files": null
         }))
         .unwrap();
-        let request = params.into_request().unwrap();
+        let request = params.into_request(&Policy::builtin()).unwrap();
         assert!(request.files.is_empty());
         assert_eq!(request.limits.timeout, None);
+        assert_eq!(request.language, "python");
+        assert!(!request.out);
+    }
+
+    #[test]
+    fn a_file_without_content_is_refused_not_made_empty() {
+        let params: RunCodeParams = serde_json::from_value(serde_json::json!({
+            "code": "", "files": [{"path": "a.txt", "content": null, "content_base64": null}]
+        }))
+        .unwrap();
+        let (kind, message) = params.into_request(&Policy::builtin()).unwrap_err();
+        assert_eq!(kind, ErrorKind::InvalidInput);
+        assert!(message.contains("files[0]"), "{message}");
+    }
+
+    #[test]
+    fn return_files_asks_for_out() {
+        let params: RunCodeParams =
+            serde_json::from_value(serde_json::json!({"code": "", "return_files": true})).unwrap();
+        assert!(params.into_request(&Policy::builtin()).unwrap().out);
     }
 
     #[test]
@@ -248,30 +343,96 @@ mod tests {
             )
             .is_err()
         );
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             assert!(seconds("timeout_s", bad).is_err(), "{bad}");
         }
+        // Huge is not malformed: it is above the ceiling, which the policy denies.
+        assert_eq!(seconds("timeout_s", 1e300).unwrap(), Duration::MAX);
+        let params: RunCodeParams =
+            serde_json::from_value(serde_json::json!({"code": "", "timeout_s": 1e9})).unwrap();
+        let request = params.into_request(&Policy::builtin()).unwrap();
+        assert_eq!(
+            request.resolve(&Policy::builtin()).unwrap_err().kind(),
+            ErrorKind::PolicyDenied
+        );
+    }
+
+    fn walk(value: &Value, visit: &mut dyn FnMut(&Map<String, Value>)) {
+        match value {
+            Value::Object(object) => {
+                visit(object);
+                object.values().for_each(|v| walk(v, visit));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, visit)),
+            _ => {}
+        }
+    }
+
+    fn required(schema: &Value) -> Vec<&str> {
+        schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect()
     }
 
     #[test]
     fn schema_lists_the_policy_languages_and_limits() {
         let policy = Policy::builtin();
-        let schema = input_schema(&policy);
+        let schema = Value::Object(input_schema(&policy));
         let languages = schema["properties"]["language"]["enum"].as_array().unwrap();
         assert!(languages.contains(&Value::from("python")));
+        assert!(languages.contains(&Value::Null), "{languages:?}");
         assert_eq!(schema["properties"]["timeout_s"]["maximum"], 5.0);
         assert_eq!(schema["additionalProperties"], false);
-        let required: Vec<&str> = schema["required"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(Value::as_str)
-            .collect();
-        assert_eq!(required, vec!["language", "code"]);
+        assert_eq!(required(&schema), vec!["code"]);
         let text = description(&policy);
         assert!(text.contains("5s wall time"), "{text}");
         assert!(text.contains("network is off"), "{text}");
-        let function = function_schema(&policy);
-        assert_eq!(function["function"]["name"], "run_code");
+    }
+
+    #[test]
+    fn schemas_have_no_references_and_closed_objects() {
+        let policy = Policy::builtin();
+        for schema in [
+            Value::Object(input_schema(&policy)),
+            strict_input_schema(&policy),
+        ] {
+            walk(&schema, &mut |object| {
+                for key in ["$ref", "$defs", "$schema", "format", "oneOf"] {
+                    assert!(!object.contains_key(key), "{key} in {object:?}");
+                }
+                if object.contains_key("properties") {
+                    assert_eq!(object["additionalProperties"], false, "{object:?}");
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn function_schemas_are_strict_in_both_shapes() {
+        let policy = Policy::builtin();
+        let chat = function_schema(&policy, ToolSchemaFormat::Chat);
+        assert_eq!(chat["type"], "function");
+        assert_eq!(chat["function"]["name"], "run_code");
+        assert_eq!(chat["function"]["strict"], true);
+        let parameters = &chat["function"]["parameters"];
+        let mut names = required(parameters);
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            vec!["code", "files", "language", "return_files", "timeout_s"]
+        );
+        assert_eq!(
+            parameters["properties"]["files"]["type"],
+            serde_json::json!(["array", "null"])
+        );
+        let responses = function_schema(&policy, ToolSchemaFormat::Responses);
+        assert_eq!(responses["name"], "run_code");
+        assert_eq!(responses["strict"], true);
+        assert_eq!(&responses["parameters"], parameters);
+        assert_eq!("responses".parse(), Ok(ToolSchemaFormat::Responses));
+        assert!("xml".parse::<ToolSchemaFormat>().is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! The HTTP API: routes, authentication, request bounds, status codes, SSE.
 
+use airlock_mcp::tool::ToolSchemaFormat;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -384,16 +385,42 @@ async fn get_openapi(State(state): State<AppState>) -> Response {
     json_response(StatusCode::OK, state.openapi.to_vec())
 }
 
-/// `GET /v1/tool-schema`.
+/// `format=chat|responses` from the query string (chat when absent); `strict=true` is
+/// accepted for clients that send it: the schema is always strict.
+fn format_param(query: Option<&str>) -> Result<ToolSchemaFormat, String> {
+    let mut format = ToolSchemaFormat::default();
+    for pair in query.unwrap_or("").split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "format" => format = value.parse()?,
+            "strict" if !matches!(value, "true" | "1" | "") => {
+                return Err(format!(
+                    "strict={value:?}: the tool schema is always strict"
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(format)
+}
+
+/// `GET /v1/tool-schema[?format=chat|responses]`: the strict function-calling schema.
 async fn get_tool_schema(
     State(state): State<AppState>,
     tenant: Option<Extension<AuthenticatedTenant>>,
+    uri: axum::http::Uri,
 ) -> Response {
+    let format = match format_param(uri.query()) {
+        Ok(format) => format,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
+        }
+    };
     let tenant = tenant.map(|Extension(t)| t.0);
     let policy = state.runner.policy(tenant.as_deref());
     json_response(
         StatusCode::OK,
-        to_json(&airlock_mcp::tool::function_schema(&policy)),
+        to_json(&airlock_mcp::tool::function_schema(&policy, format)),
     )
 }
 
@@ -472,6 +499,13 @@ mod tests {
     #[test]
     fn stream_parameter() {
         assert_eq!(stream_param(None), Ok(false));
+        assert_eq!(format_param(None), Ok(ToolSchemaFormat::Chat));
+        assert_eq!(
+            format_param(Some("format=responses&strict=true")),
+            Ok(ToolSchemaFormat::Responses)
+        );
+        assert!(format_param(Some("format=xml")).is_err());
+        assert!(format_param(Some("strict=false")).is_err());
         assert_eq!(stream_param(Some("stream=true")), Ok(true));
         assert_eq!(stream_param(Some("x=1&stream=1")), Ok(true));
         assert_eq!(stream_param(Some("stream=false")), Ok(false));

@@ -44,7 +44,7 @@ async def exercise(session: ClientSession, transport: str):
     check([t.name for t in tools] == ["run_code"], f"{transport}: one tool, run_code")
     tool = tools[0]
     schema = field(tool, "input_schema", "inputSchema")
-    check(schema["required"] == ["language", "code"], f"{transport}: language and code required")
+    check(schema["required"] == ["code"], f"{transport}: only code required")
     check("python" in schema["properties"]["language"]["enum"], f"{transport}: python is a language")
     check("network is off" in tool.description, f"{transport}: description says the network is off")
     check("wall time" in tool.description, f"{transport}: description gives the limits")

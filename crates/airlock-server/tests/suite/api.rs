@@ -315,10 +315,32 @@ async fn health_metrics_openapi_and_tool_schema() {
     assert_eq!(tool["function"]["name"], "run_code");
     let description = tool["function"]["description"].as_str().unwrap();
     assert!(description.contains("5s wall time") && description.contains("network is off"));
+    // Strict: every argument required, the optional ones nullable.
+    assert_eq!(tool["function"]["strict"], true);
     assert_eq!(
         tool["function"]["parameters"]["required"],
-        json!(["language", "code"])
+        json!(["code", "files", "language", "return_files", "timeout_s"])
     );
+    assert_eq!(
+        tool["function"]["parameters"]["properties"]["timeout_s"]["type"],
+        json!(["number", "null"])
+    );
+    let responses: Value = client()
+        .get(server.url("/v1/tool-schema?format=responses"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(responses["name"], "run_code");
+    assert_eq!(responses["parameters"], tool["function"]["parameters"]);
+    let bad = client()
+        .get(server.url("/v1/tool-schema?format=xml"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status().as_u16(), 400);
 }
 
 #[test]
