@@ -92,11 +92,14 @@ class RunRequest:
     def to_argv(self, scratch: Path, out_dir: Path | None) -> list[str]:
         """The arguments after `airlock run` for this job; the source, the input files and
         stdin are written into `scratch` (argv cannot carry NUL bytes or a large source)."""
-        language = self.language or "python"
-        source_path = scratch / _SOURCE_NAMES.get(language, "main.src")
+        # No language: no -l and a file name without extension, so the CLI picks its default.
+        name = _SOURCE_NAMES.get(self.language, "source") if self.language else "source"
+        source_path = scratch / name
         source = self.source.encode("utf-8") if isinstance(self.source, str) else self.source
         source_path.write_bytes(source)
-        argv = ["--json", "-l", language]
+        argv = ["--json"]
+        if self.language is not None:
+            argv += ["-l", self.language]
         inputs = scratch / "inputs"
         for i, (name, content) in enumerate(self.files.items()):
             if "=" in name:

@@ -24,6 +24,11 @@ LOCAL_MARGIN_S = 30.0
 REMOTE_MARGIN_S = 90.0
 #: The wall time assumed when neither the call nor the policy's tool schema says one.
 UNKNOWN_WALL_S = 3600.0
+#: The language sent to a server that requires one when the call names none (the
+#: built-in policy's default).
+DEFAULT_LANGUAGE = "python"
+#: Requests sent again after a server refused a field it predates (see `_note_refusal`).
+COMPAT_RETRIES = 2
 #: Longest wait for the tool schema.
 SCHEMA_TIMEOUT_S = 30.0
 
@@ -229,6 +234,8 @@ class _Base:
         self._lock = threading.Lock()
         self.server_returns_files = True
         """False once the server refused `return_files` as an unknown field."""
+        self.server_needs_language = False
+        """True once the server refused a request without `language`."""
 
     @property
     def is_remote(self) -> bool:
@@ -262,14 +269,19 @@ class _Base:
         body = request.to_json()
         if not self.server_returns_files:
             body.pop("return_files", None)
+        if "language" not in body and self.server_needs_language:
+            body["language"] = DEFAULT_LANGUAGE
         return body
 
     def _note_refusal(self, error: InvalidInput, body: dict[str, Any]) -> bool:
-        """Whether `error` is a server that predates `return_files` refusing it (the
-        request was refused while parsing, so no job ran); the field is then dropped for
-        this client's later requests, and the files come back listed only."""
+        """Whether `error` is a server that predates a field refusing the request while
+        parsing it (so no job ran), and the request is worth sending again: without
+        `return_files` (files then come back listed only), or with a `language`."""
         if "return_files" in body and "`return_files`" in error.message:
             self.server_returns_files = False
+            return True
+        if "language" not in body and "missing field `language`" in error.message:
+            self.server_needs_language = True
             return True
         return False
 
@@ -339,13 +351,14 @@ class Client(_Base):
         """Runs a prepared `RunRequest`. See `run`."""
         timeout = self._timeout_for(request)
         if self.endpoint is not None:
-            body = self._body(request)
-            try:
-                observation = _http.run(self.endpoint, body, timeout)
-            except InvalidInput as e:
-                if not self._note_refusal(e, body):
-                    raise
-                observation = _http.run(self.endpoint, self._body(request), timeout)
+            for attempt in range(COMPAT_RETRIES + 1):
+                body = self._body(request)
+                try:
+                    observation = _http.run(self.endpoint, body, timeout)
+                    break
+                except InvalidInput as e:
+                    if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
+                        raise
         else:
             observation = _local.run(self.binary, self._options, request, timeout)
         raise_for_observation(observation)
@@ -402,14 +415,15 @@ class Client(_Base):
             endpoint = self.endpoint
 
             def remote() -> Iterator[Chunk | Observation]:
-                body = self._body(request)
-                try:
-                    yield from _http.stream(endpoint, body, timeout)
-                except InvalidInput as e:
-                    # Refused before any chunk: the retry's items are the only ones.
-                    if not self._note_refusal(e, body):
-                        raise
-                    yield from _http.stream(endpoint, self._body(request), timeout)
+                for attempt in range(COMPAT_RETRIES + 1):
+                    body = self._body(request)
+                    try:
+                        # A refusal comes before any chunk: only one attempt yields.
+                        yield from _http.stream(endpoint, body, timeout)
+                        return
+                    except InvalidInput as e:
+                        if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
+                            raise
 
             return RunStream(remote())
         binary, options = self.binary, self._options
@@ -492,13 +506,14 @@ class AsyncClient(_Base):
         """Runs a prepared `RunRequest`. See `Client.run`."""
         timeout = await self._timeout_for(request)
         if self.endpoint is not None:
-            body = self._body(request)
-            try:
-                observation = await _http.async_run(self.endpoint, body, timeout)
-            except InvalidInput as e:
-                if not self._note_refusal(e, body):
-                    raise
-                observation = await _http.async_run(self.endpoint, self._body(request), timeout)
+            for attempt in range(COMPAT_RETRIES + 1):
+                body = self._body(request)
+                try:
+                    observation = await _http.async_run(self.endpoint, body, timeout)
+                    break
+                except InvalidInput as e:
+                    if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
+                        raise
         else:
             observation = await _local.async_run(self.binary, self._options, request, timeout)
         raise_for_observation(observation)
@@ -546,19 +561,19 @@ class AsyncClient(_Base):
         async def items() -> AsyncIterator[Chunk | Observation]:
             timeout = await self._timeout_for(request)
             if self.endpoint is not None:
-                body = self._body(request)
-                # aclosing: closing this stream closes the connection now, not at GC.
-                try:
-                    async with aclosing(_http.async_stream(self.endpoint, body, timeout)) as items:
-                        async for item in items:
-                            yield item
-                except InvalidInput as e:
-                    if not self._note_refusal(e, body):
-                        raise
-                    retry = _http.async_stream(self.endpoint, self._body(request), timeout)
-                    async with aclosing(retry) as items:
-                        async for item in items:
-                            yield item
+                for attempt in range(COMPAT_RETRIES + 1):
+                    body = self._body(request)
+                    # aclosing: closing this stream closes the connection now, not at GC.
+                    try:
+                        async with aclosing(
+                            _http.async_stream(self.endpoint, body, timeout)
+                        ) as items:
+                            async for item in items:
+                                yield item
+                        return
+                    except InvalidInput as e:
+                        if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
+                            raise
                 return
             observation = await _local.async_run(self.binary, self._options, request, timeout)
             for item in _local_chunks(observation):

@@ -339,5 +339,11 @@ def test_plain_definition_and_dispatcher(remote_or_local: dict[str, Any]) -> Non
     assert bad["ok"] is False and bad["error"]["kind"] == "invalid_input"
     extra = json.loads(handle_call('{"code": "", "network": "on"}', client))
     assert extra["error"]["kind"] == "invalid_input" and "network" in extra["error"]["message"]
-    nulls = {"language": "python", "code": "print(45)", "files": None, "timeout_s": None}
+    nulls = {"language": None, "code": "print(45)", "files": None, "timeout_s": None}
     assert json.loads(handle_call(nulls, client))["stdout"] == "45\n"
+    nulls["return_files"] = None
+    assert json.loads(handle_call(nulls, client))["stdout"] == "45\n"
+    # A file whose content was lost on the way is refused, never made empty.
+    lost = {"code": "", "files": [{"path": "a.txt", "content": None, "content_base64": None}]}
+    refused = json.loads(handle_call(lost, client))
+    assert refused["error"]["kind"] == "invalid_input" and "files[0]" in refused["error"]["message"]

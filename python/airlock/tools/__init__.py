@@ -29,7 +29,7 @@ from ..client import AsyncClient, Client, ToolDefinition
 from ..errors import AirlockError, InvalidInput, TransportError
 
 #: The arguments a `run_code` call may carry (RunCodeParams in crates/airlock-mcp).
-ARGUMENT_NAMES = frozenset({"language", "code", "files", "timeout_s"})
+ARGUMENT_NAMES = frozenset({"language", "code", "files", "timeout_s", "return_files"})
 
 
 def definition(
@@ -84,19 +84,28 @@ def parse_arguments(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]
         content, encoded = entry.get("content"), entry.get("content_base64")
         if content is not None and encoded is not None:
             raise InvalidInput(f"files[{i}]: give content or content_base64, not both")
+        if content is None and encoded is None:
+            # Never an empty file in place of content lost on the way (nulls for both).
+            raise InvalidInput(
+                f'files[{i}]: give content or content_base64 ("content": "" for an empty file)'
+            )
         if encoded is not None:
             try:
                 files[entry["path"]] = base64.b64decode(str(encoded), validate=True)
             except (binascii.Error, ValueError) as e:
                 raise InvalidInput(f"files[{i}].content_base64: not base64: {e}") from e
         else:
-            files[entry["path"]] = "" if content is None else str(content)
+            files[entry["path"]] = str(content)
+    return_files = arguments.get("return_files")
+    if return_files is not None and not isinstance(return_files, bool):
+        raise InvalidInput("return_files: expected true or false")
     return {
-        # Servers before the optional language need one; the policy's default is python.
-        "language": language or "python",
+        # Absent: the policy's default language.
+        "language": language,
         "source": code,
         "files": files,
         "timeout_s": float(timeout_s) if timeout_s is not None else None,
+        "return_files": bool(return_files),
     }
 
 
@@ -104,10 +113,12 @@ def run_call(
     client: Client, arguments: str | Mapping[str, Any] | None, *, return_files: bool = True
 ) -> Observation:
     """Runs one `run_code` call and returns its observation; a job airlock refused is
-    its error observation. Raises only `TransportError`."""
+    its error observation. /out is on when the host (`return_files`) or the model asks.
+    Raises only `TransportError`."""
     try:
         kwargs = parse_arguments(arguments)
-        return client.run(kwargs.pop("source"), return_files=return_files, **kwargs)
+        kwargs["return_files"] = kwargs["return_files"] or return_files
+        return client.run(kwargs.pop("source"), **kwargs)
     except TransportError:
         raise
     except AirlockError as e:
@@ -123,7 +134,8 @@ async def arun_call(
     """`run_call` for asyncio."""
     try:
         kwargs = parse_arguments(arguments)
-        return await client.run(kwargs.pop("source"), return_files=return_files, **kwargs)
+        kwargs["return_files"] = kwargs["return_files"] or return_files
+        return await client.run(kwargs.pop("source"), **kwargs)
     except TransportError:
         raise
     except AirlockError as e:

@@ -55,7 +55,11 @@ def model_from_schema(schema: Mapping[str, Any], name: str) -> type[BaseModel]:
         # Bounds (timeout_s's maximum) stay in the description, not the model: airlock
         # judges them, so the agent gets the policy's own refusal, as with every framework.
         description = sub.get("description")
-        if prop in required:
+        types = sub.get("type")
+        nullable = isinstance(types, list) and "null" in types
+        # A strict schema requires every property, the optional ones as nullable; a
+        # ReAct-style model leaves them out, which means null.
+        if prop in required and not nullable:
             fields[prop] = (python, Field(..., description=description))
         else:
             fields[prop] = (python | None, Field(None, description=description))
