@@ -64,11 +64,15 @@ def airlock_bin() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _environment(monkeypatch: pytest.MonkeyPatch, airlock_bin: str) -> None:
+def _environment(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     # Every test starts local, with the binary under test, whatever the caller's shell has.
-    monkeypatch.setenv("AIRLOCK_BIN", airlock_bin)
     monkeypatch.delenv("AIRLOCK_URL", raising=False)
     monkeypatch.delenv("AIRLOCK_TOKEN", raising=False)
+    if request.node.get_closest_marker("pure") is not None:
+        # Tests of the wire format alone: no binary, no root.
+        monkeypatch.setenv("AIRLOCK_BIN", "/nonexistent/airlock")
+        return
+    monkeypatch.setenv("AIRLOCK_BIN", request.getfixturevalue("airlock_bin"))
 
 
 @dataclass(frozen=True)
