@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import airlock
-from airlock.client import LOCAL_MARGIN_S
+from airlock.client import LOCAL_MARGIN_S, REMOTE_MARGIN_S
 
 from .conftest import Server, pending_contract, require_files_returned
 
@@ -284,13 +284,13 @@ def test_the_client_deadline_follows_the_job_wall_time(
     assert 1.5 <= waited < 10
 
 
-def test_the_default_deadline_is_the_policy_wall_time_plus_margin() -> None:
-    client = airlock.Client()
+def test_the_default_deadline_is_the_policy_wall_time_plus_margin(client: airlock.Client) -> None:
     tool = client.tool()
     assert tool.max_timeout_s == 5.0
     request = airlock.RunRequest(source="print(1)")
     assert client._timeout_for(request) == 5.0 + client.timeout_margin_s
-    assert client._timeout_for(airlock.RunRequest(source="", timeout_s=2)) == 2 + LOCAL_MARGIN_S
+    margin = REMOTE_MARGIN_S if client.is_remote else LOCAL_MARGIN_S
+    assert client._timeout_for(airlock.RunRequest(source="", timeout_s=2)) == 2 + margin
 
 
 def test_a_missing_binary_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from crewai.tools import BaseTool
+try:
+    from crewai.tools import BaseTool
+except ImportError as e:  # pragma: no cover - depends on the extras installed
+    raise ImportError(
+        "airlock.tools.crewai needs its extra: pip install 'airlock-sandbox[crewai]'"
+    ) from e
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..client import Client

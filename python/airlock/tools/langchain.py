@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from langchain_core.tools import BaseTool, ToolException
+try:
+    from langchain_core.tools import BaseTool, ToolException
+except ImportError as e:  # pragma: no cover - depends on the extras installed
+    raise ImportError(
+        "airlock.tools.langchain needs its extra: pip install 'airlock-sandbox[langchain]'"
+    ) from e
 from pydantic import ConfigDict, Field
 
 from .._types import Observation

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import FunctionTool, RunContextWrapper
-from agents.strict_schema import ensure_strict_json_schema
+try:
+    from agents import FunctionTool, RunContextWrapper
+    from agents.strict_schema import ensure_strict_json_schema
+except ImportError as e:  # pragma: no cover - depends on the extras installed
+    raise ImportError(
+        "airlock.tools.openai_agents needs its extra: pip install 'airlock-sandbox[openai-agents]'"
+    ) from e
 
 from ..client import AsyncClient
 from . import arun_call
