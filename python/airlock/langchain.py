@@ -1,0 +1,5 @@
+"""`airlock.langchain.RunCodeTool`: the same tool as `airlock.tools.langchain`."""
+
+from .tools.langchain import RunCodeTool
+
+__all__ = ["RunCodeTool"]
