@@ -119,6 +119,9 @@ log "Kubernetes backend: golden manifests, the kube feature, the fake cluster (s
 log "server: MCP client, OpenAPI validation, schemathesis (scripts/ci/server.sh)"
 ./scripts/ci/server.sh
 
+log "Python package: the wheel with the binary, ruff, mypy --strict, pytest with the frameworks (python/ci.sh)"
+./python/ci.sh
+
 if [ -s "$AIRLOCK_SKIP_LOG" ]; then
   echo "skipped tests:" >&2
   cat "$AIRLOCK_SKIP_LOG" >&2
