@@ -352,14 +352,51 @@ impl RunReport {
             .render_redacted(&|text| redact(&stdout_context, text, &stdout_context));
         let mut listed = Vec::with_capacity(self.out_files.len());
         let mut released = Vec::with_capacity(self.out_files.len());
+        let mut rejected = Vec::with_capacity(self.out_rejected.len());
+        // Secrets found in names and in files that are withheld rather than rewritten.
+        let mut withheld_redactions = 0;
+        for file in self.out_rejected {
+            let (path, count) = shown_name(&file.path, redact);
+            withheld_redactions += count;
+            rejected.push(RejectedFile {
+                path,
+                reason: file.reason,
+            });
+        }
         for file in self.out_files {
+            let (shown, name_redactions) = shown_name(&file.path, redact);
+            if shown != file.path {
+                // A name is written on the caller's disk as it is: never one that drives a
+                // terminal, breaks a line or carries a secret.
+                withheld_redactions += name_redactions;
+                let reason = if name_redactions > 0 {
+                    "its name looks like a secret"
+                } else {
+                    "its name has control characters or invalid UTF-8"
+                };
+                rejected.push(RejectedFile {
+                    path: shown,
+                    reason: reason.to_owned(),
+                });
+                continue;
+            }
             let media_type = crate::media::sniff_media_type(&file.path, &file.content);
-            let (content, redactions) = if crate::media::is_text(&file.content) {
-                let text = String::from_utf8_lossy(&file.content).into_owned();
-                let (text, count) = redact("", text, "");
-                (text.into_bytes(), count)
-            } else {
-                (file.content, 0)
+            let (content, redactions) = match scan_file(file.content, redact) {
+                Scanned::Released {
+                    content,
+                    redactions,
+                } => (content, redactions),
+                Scanned::Withheld { secrets } => {
+                    withheld_redactions += secrets;
+                    rejected.push(RejectedFile {
+                        path: file.path,
+                        reason: format!(
+                            "binary ({media_type}) with {secrets} secret-shaped string(s) in it; \
+                             binary files are not rewritten"
+                        ),
+                    });
+                    continue;
+                }
             };
             listed.push(OutputFile {
                 path: file.path.clone(),
@@ -376,7 +413,8 @@ impl RunReport {
                 content,
             });
         }
-        let file_redactions: u64 = listed.iter().map(|f| f.redactions).sum();
+        let file_redactions: u64 =
+            listed.iter().map(|f| f.redactions).sum::<u64>() + withheld_redactions;
         let observation = Observation {
             job_id,
             ok: outcome == Outcome::Exited && exit_code == Some(0),
@@ -398,7 +436,7 @@ impl RunReport {
             image_digest: self.image_digest,
             policy_version: policy_version.to_owned(),
             error: None,
-            rejected_files: self.out_rejected,
+            rejected_files: rejected,
             degraded: self.degraded,
             network: self.network.as_ref().map(|n| n.counts.clone()),
         };
@@ -463,6 +501,101 @@ pub fn signal_number(name: &str) -> Option<i32> {
         .find(|(_, n)| *n == name)
         .map(|(number, _)| *number)
         .or_else(|| name.strip_prefix("SIG")?.parse().ok())
+}
+
+/// A file name as it may be shown and written: escaped like output and redacted, with the
+/// number of secrets replaced. Equal to the name when the name is safe as it is.
+fn shown_name(name: &str, redact: &dyn Fn(&str, String, &str) -> (String, u64)) -> (String, u64) {
+    let escaped = crate::capture::render_text(name.as_bytes(), false)
+        .replace('\n', "\\x0a")
+        .replace('\t', "\\x09");
+    redact("", escaped, "")
+}
+
+/// What scanning a released file gave.
+enum Scanned {
+    /// Released, text redacted in place.
+    Released { content: Vec<u8>, redactions: u64 },
+    /// Binary with secrets in it: not released.
+    Withheld { secrets: u64 },
+}
+
+/// Scans a file of `/out` for secrets whatever its type: UTF-8 text is redacted in place,
+/// UTF-16 text with a byte-order mark is decoded, redacted and encoded again, and anything
+/// else is scanned as bytes (also with NUL bytes dropped, which is how UTF-16 without a mark
+/// hides ASCII) and withheld if a secret is found, since a binary cannot be rewritten safely.
+fn scan_file(content: Vec<u8>, redact: &dyn Fn(&str, String, &str) -> (String, u64)) -> Scanned {
+    if crate::media::is_text(&content) {
+        let text = String::from_utf8_lossy(&content).into_owned();
+        let (text, redactions) = redact("", text, "");
+        return Scanned::Released {
+            content: text.into_bytes(),
+            redactions,
+        };
+    }
+    if let Some((bom, little_endian)) = utf16_bom(&content)
+        && let Some(text) = decode_utf16(&content[2..], little_endian)
+    {
+        let (text, redactions) = redact("", text, "");
+        if redactions == 0 {
+            return Scanned::Released {
+                content,
+                redactions,
+            };
+        }
+        let mut encoded = bom.to_vec();
+        for unit in text.encode_utf16() {
+            let bytes = if little_endian {
+                unit.to_le_bytes()
+            } else {
+                unit.to_be_bytes()
+            };
+            encoded.extend_from_slice(&bytes);
+        }
+        return Scanned::Released {
+            content: encoded,
+            redactions,
+        };
+    }
+    let lossy = String::from_utf8_lossy(&content).into_owned();
+    let (_, mut secrets) = redact("", lossy, "");
+    if secrets == 0 && content.contains(&0) {
+        let without_nul: Vec<u8> = content.iter().copied().filter(|b| *b != 0).collect();
+        secrets = redact("", String::from_utf8_lossy(&without_nul).into_owned(), "").1;
+    }
+    if secrets == 0 {
+        Scanned::Released {
+            content,
+            redactions: 0,
+        }
+    } else {
+        Scanned::Withheld { secrets }
+    }
+}
+
+/// The byte-order mark of UTF-16 text and whether it is little-endian.
+fn utf16_bom(content: &[u8]) -> Option<(&'static [u8], bool)> {
+    match content {
+        [0xff, 0xfe, ..] => Some((&[0xff, 0xfe], true)),
+        [0xfe, 0xff, ..] => Some((&[0xfe, 0xff], false)),
+        _ => None,
+    }
+}
+
+fn decode_utf16(bytes: &[u8], little_endian: bool) -> Option<String> {
+    if !bytes.len().is_multiple_of(2) {
+        return None;
+    }
+    let units = bytes.chunks_exact(2).map(|pair| {
+        if little_endian {
+            u16::from_le_bytes([pair[0], pair[1]])
+        } else {
+            u16::from_be_bytes([pair[0], pair[1]])
+        }
+    });
+    char::decode_utf16(units)
+        .collect::<Result<String, _>>()
+        .ok()
 }
 
 #[cfg(test)]
@@ -626,10 +759,120 @@ mod tests {
             files[0].sha256,
             crate::job::sha256_digest(&result.files[0].content).trim_start_matches("sha256:")
         );
-        // Binary files are released byte for byte.
-        assert_eq!(files[1].media_type, "image/png");
-        assert_eq!(files[1].redactions, 0);
-        assert_eq!(result.observation.redactions, 1);
+        // A binary with a secret in it cannot be rewritten: it is withheld, and counted.
+        assert_eq!(files.len(), 1);
+        assert_eq!(result.files.len(), 1);
+        let withheld = &result.observation.rejected_files[0];
+        assert_eq!(withheld.path, "plot.png");
+        assert!(withheld.reason.contains("image/png"), "{}", withheld.reason);
+        assert_eq!(result.observation.redactions, 2);
+    }
+
+    fn secret_redaction(_: &str, text: String, _: &str) -> (String, u64) {
+        let count = text.matches("SECRET").count() as u64;
+        (text.replace("SECRET", "[REDACTED:test]"), count)
+    }
+
+    #[test]
+    fn every_released_file_is_scanned_whatever_its_type() {
+        let utf16 = |little: bool, text: &str| {
+            let mut bytes = if little {
+                vec![0xff, 0xfe]
+            } else {
+                vec![0xfe, 0xff]
+            };
+            for unit in text.encode_utf16() {
+                bytes.extend(if little {
+                    unit.to_le_bytes()
+                } else {
+                    unit.to_be_bytes()
+                });
+            }
+            bytes
+        };
+        let mut r = report(Termination::Exited(0));
+        r.out_files = vec![
+            ReleasedFile {
+                path: "le.txt".into(),
+                content: utf16(true, "key=SECRET"),
+            },
+            ReleasedFile {
+                path: "be.txt".into(),
+                content: utf16(false, "key=SECRET"),
+            },
+            ReleasedFile {
+                // UTF-16 without a mark: ASCII with NULs between.
+                path: "nomark.bin".into(),
+                content: b"S\0E\0C\0R\0E\0T\0".to_vec(),
+            },
+            ReleasedFile {
+                path: "clean.bin".into(),
+                content: b"\0\x01\x02plain".to_vec(),
+            },
+        ];
+        let result = r.into_result(
+            JobId::generate(),
+            BackendKind::Native,
+            "v",
+            &secret_redaction,
+        );
+        assert_eq!(result.files[0].content, utf16(true, "key=[REDACTED:test]"));
+        assert_eq!(result.files[1].content, utf16(false, "key=[REDACTED:test]"));
+        assert_eq!(result.observation.files[0].redactions, 1);
+        assert_eq!(result.files[2].path, "clean.bin");
+        assert_eq!(result.files[2].content, b"\0\x01\x02plain");
+        assert_eq!(result.observation.rejected_files.len(), 1);
+        assert_eq!(result.observation.rejected_files[0].path, "nomark.bin");
+        assert_eq!(result.observation.redactions, 3);
+    }
+
+    #[test]
+    fn names_with_secrets_or_controls_are_never_released() {
+        let mut r = report(Termination::Exited(0));
+        let file = |path: &str| ReleasedFile {
+            path: path.into(),
+            content: b"x".to_vec(),
+        };
+        r.out_files = vec![
+            file("SECRET.txt"),
+            file("a\x1b]0;title\x07.txt"),
+            file("two\nlines.txt"),
+            file("ok.txt"),
+        ];
+        r.out_rejected = vec![RejectedFile {
+            path: "link-SECRET".into(),
+            reason: "symlink".into(),
+        }];
+        let result = r.into_result(
+            JobId::generate(),
+            BackendKind::Native,
+            "v",
+            &secret_redaction,
+        );
+        let released: Vec<&str> = result.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(released, vec!["ok.txt"]);
+        let rejected: Vec<(&str, &str)> = result
+            .observation
+            .rejected_files
+            .iter()
+            .map(|f| (f.path.as_str(), f.reason.as_str()))
+            .collect();
+        assert_eq!(
+            rejected,
+            vec![
+                ("link-[REDACTED:test]", "symlink"),
+                ("[REDACTED:test].txt", "its name looks like a secret"),
+                (
+                    "a\\x1b]0;title\\x07.txt",
+                    "its name has control characters or invalid UTF-8"
+                ),
+                (
+                    "two\\x0alines.txt",
+                    "its name has control characters or invalid UTF-8"
+                ),
+            ]
+        );
+        assert_eq!(result.observation.redactions, 2);
     }
 
     #[test]
