@@ -180,6 +180,30 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     };
     drop(go_read);
 
+    // 2b. As root: become the namespace's future owner, an unprivileged host uid, before
+    //     creating it. The kernel charges per-user counts (inotify instances, message queue
+    //     bytes, queued signals) to each namespace's owner up the chain, so a namespace
+    //     created by host root lets the job exhaust root's. This drops every host
+    //     capability; nothing below needs one (the mapper, still root, writes the maps).
+    if let Some(owner) = plan.namespace_owner {
+        rustix::thread::set_thread_groups(&[]).step(|| "setgroups [] before unshare".into())?;
+        rustix::thread::set_thread_res_gid(gid(owner), gid(owner), gid(owner))
+            .step(|| format!("setresgid {owner} before unshare"))?;
+        rustix::thread::set_thread_res_uid(uid(owner), uid(owner), uid(owner))
+            .step(|| format!("setresuid {owner} before unshare"))?;
+        // A change of credentials clears the parent-death signal: arm it again, and check
+        // again that the supervisor did not die in between.
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+            .step(|| "set parent death signal".into())?;
+        if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(plan.supervisor_pid)
+        {
+            return Err(StepFailure::new(
+                "check supervisor",
+                &io::Error::other("the supervisor is gone"),
+            ));
+        }
+    }
+
     // 3. New namespaces for everything; CLONE_NEWPID applies to our children.
     process::unshare_namespaces(
         UnshareFlags::NEWUSER
@@ -209,6 +233,18 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
         rustix::thread::set_thread_groups(&[]).step(|| "setgroups in namespace".into())?;
         rustix::thread::set_thread_res_uid(uid(0), uid(0), uid(0))
             .step(|| "setresuid 0 in namespace".into())?;
+    }
+
+    // 5b. The namespace's own per-user counts, as its root (CAP_SYS_RESOURCE there). The
+    //     sysctls resolve to the writer's user namespace, so the host's /proc serves. A
+    //     count the kernel does not have (older than the entry) is skipped.
+    for (name, value) in &plan.user_namespace_limits {
+        let path = Path::new("/proc/sys/user").join(name);
+        match fs::write(&path, value.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StepFailure::new(format!("write {}", path.display()), &e)),
+        }
     }
 
     // 6. The init: pid 1 of the new pid namespace. A pipe tells it whether we still live.
@@ -661,6 +697,8 @@ fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
             RlimitResource::Cpu => Resource::Cpu,
             RlimitResource::As => Resource::As,
             RlimitResource::Nproc => Resource::Nproc,
+            RlimitResource::Msgqueue => Resource::Msgqueue,
+            RlimitResource::Sigpending => Resource::Sigpending,
         };
         rustix::process::setrlimit(
             resource,
