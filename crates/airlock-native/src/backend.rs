@@ -197,6 +197,16 @@ impl NativeBackend {
                 return Err(swap_refusal(gap));
             }
         }
+        // Socket buffers outside the memory limit let a job pin host memory many times its
+        // limit (v1 charges them only with a TCP limit set); no weaker shape is offered.
+        if let Some(manager) = &cgroups
+            && !manager.tcp_accounting()
+        {
+            return Err(NativeError::Unsupported {
+                control: "tcp memory",
+                reason: TCP_ACCOUNTING_MISSING.to_owned(),
+            });
+        }
         let runtime = RuntimeDir::open(&config.runtime_dir)?;
         let seccomp = CompiledSeccomp::builtin()?;
         let host_layout = RootfsLayout::probe_host().map_err(|source| NativeError::Rootfs {
@@ -917,6 +927,12 @@ pub const DEGRADED_WITHOUT_CGROUP: &[&str] = &[
     "cpu: no CPU share, only the RLIMIT_CPU time cap",
     "accounting: cpu and peak memory from the processes the init reaped",
 ];
+
+/// Why a host without TCP accounting in its memory cgroups is refused.
+pub const TCP_ACCOUNTING_MISSING: &str = "this kernel does not charge TCP socket buffers to memory cgroups (v1: no \
+     memory.kmem.tcp.limit_in_bytes, CONFIG_MEMCG_KMEM off or cgroup.memory=nosocket; v2: \
+     booted with cgroup.memory=nosocket), so a job's sockets could pin memory far past its \
+     limit; boot without cgroup.memory=nosocket, or use cgroup v2";
 
 /// What the observation lists when the policy accepts an uncapped swap.
 pub const DEGRADED_SWAP: &str =

@@ -303,6 +303,40 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
             }
         }
     });
+    let tcp_name = format!("cgroup {version} tcp memory");
+    checks.push(match r.tcp_accounting.presence {
+        Presence::Present => Check::ok(
+            &tcp_name,
+            match r.version {
+                airlock_cgroup::CgroupVersion::V1 => {
+                    "memory.kmem.tcp.limit_in_bytes: each job's TCP buffers are limited to its \
+                     memory limit"
+                }
+                airlock_cgroup::CgroupVersion::V2 => {
+                    "socket buffers are charged to each job's memory.current"
+                }
+            },
+        ),
+        Presence::Unknown => Check::warning(
+            &tcp_name,
+            r.tcp_accounting
+                .explanation
+                .clone()
+                .unwrap_or_else(|| "not known until airlock's cgroup parent exists".into()),
+            "none needed if the kernel has memory.kmem.tcp.* (v1) or socket accounting (v2)",
+        ),
+        Presence::Missing => Check::missing(
+            &tcp_name,
+            format!(
+                "{}: jobs are refused",
+                r.tcp_accounting
+                    .explanation
+                    .clone()
+                    .unwrap_or_else(|| "no TCP accounting".into())
+            ),
+            "boot without cgroup.memory=nosocket (and, on v1, with CONFIG_MEMCG_KMEM), or use cgroup v2",
+        ),
+    });
     checks.push(if r.parent.writable {
         Check::ok(
             "cgroup parent",
