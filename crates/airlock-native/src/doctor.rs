@@ -152,6 +152,8 @@ pub fn diagnose(policy: &Policy) -> DoctorReport {
     }
 
     report.push(id_mapping_check(policy, root));
+    report.push(per_user_budget_check(root));
+    report.push(oom_score_check());
 
     let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     match nofile.maximum {
@@ -374,6 +376,54 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
         }
     });
     checks
+}
+
+/// Who the job's per-user kernel counts (inotify instances, message queue bytes, queued
+/// signals, namespaces) are charged to, and the limits inside its user namespace.
+fn per_user_budget_check(root: bool) -> Check {
+    let limits: Vec<String> = crate::plan::USER_NAMESPACE_LIMITS
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    let owner = if root {
+        "each job's user namespace is owned by its own unused host uid of the mapped range, \
+         so host root's per-user counts are not charged"
+    } else {
+        "jobs' user namespaces are owned by your uid, which their per-user counts are charged \
+         to besides"
+    };
+    Check::ok(
+        "per-user budgets",
+        format!(
+            "{owner}; in the namespace: {}; RLIMIT_MSGQUEUE {} bytes, RLIMIT_SIGPENDING {}",
+            limits.join(", "),
+            crate::plan::MSGQUEUE_RLIMIT_BYTES,
+            crate::plan::SIGPENDING_RLIMIT
+        ),
+    )
+}
+
+/// Whether the job's OOM score can be pinned (its minimum set, not only its value).
+fn oom_score_check() -> Check {
+    let pinned = rustix::thread::capabilities(None).is_ok_and(|caps| {
+        caps.effective
+            .contains(rustix::thread::CapabilitySet::SYS_RESOURCE)
+    });
+    if pinned {
+        Check::ok(
+            "oom score",
+            "jobs run at oom_score_adj 1000, pinned as their minimum (CAP_SYS_RESOURCE): a job \
+             cannot lower it",
+        )
+    } else {
+        Check::warning(
+            "oom score",
+            "airlock lacks CAP_SYS_RESOURCE: jobs start at oom_score_adj 1000 but can lower it \
+             back to 0 (the memory limit still holds; only the OOM killer's choice between a \
+             job and other processes of its cgroup is affected)",
+            "run airlock with CAP_SYS_RESOURCE (root outside a container has it)",
+        )
+    }
 }
 
 fn id_mapping_check(policy: &Policy, root: bool) -> Check {

@@ -34,8 +34,9 @@ use crate::plan::{
 /// Largest plan accepted (the seccomp programs and environment dominate).
 const PLAN_MAX_BYTES: u64 = 4 << 20;
 
-/// The job's OOM score: the kernel's first choice when the memory limit is hit, so the
-/// job dies rather than its init.
+/// The sandbox's OOM score: the kernel's first choice when the memory limit is hit. The
+/// helper sets it for itself, so the init and the job inherit it; among equal scores the
+/// largest process goes first, which is the job's, not the init's.
 const JOB_OOM_SCORE_ADJ: &str = "1000";
 
 /// Exit code of a job process that failed before exec (reported separately as an event).
@@ -179,6 +180,12 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
         Fork::Parent(pid) => pid,
     };
     drop(go_read);
+
+    // 2a. The OOM score, while still host root: written by a process with CAP_SYS_RESOURCE
+    //     it also becomes the minimum (oom_score_adj_min), which every descendant inherits,
+    //     so the job cannot lower it again. Without that capability (a container's root) it
+    //     is only raised, and the job may lower it back to its inherited minimum.
+    fs::write("/proc/self/oom_score_adj", JOB_OOM_SCORE_ADJ).step(|| "set oom_score_adj".into())?;
 
     // 2b. As root: become the namespace's future owner, an unprivileged host uid, before
     //     creating it. The kernel charges per-user counts (inotify instances, message queue
@@ -683,12 +690,6 @@ enum Never {}
 
 fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
     rustix::process::setsid().step(|| "setsid".into())?;
-    // The uid switches made this process non-dumpable, which makes its /proc files
-    // root-owned and unwritable. Dumpable again just long enough to set the OOM score;
-    // the switch to uid 65534 below makes it non-dumpable again.
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
-        .step(|| "set dumpable".into())?;
-    fs::write("/proc/self/oom_score_adj", JOB_OOM_SCORE_ADJ).step(|| "set oom_score_adj".into())?;
     for setting in &plan.rlimits {
         let resource = match setting.resource {
             RlimitResource::Nofile => Resource::Nofile,

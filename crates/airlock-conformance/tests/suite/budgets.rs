@@ -219,11 +219,6 @@ conformance_on! {
     }
 
     fn the_job_cannot_lower_its_oom_score(t: &Target) {
-        airlock_testkit::require!(
-            has_cap_sys_resource(),
-            "pinning the job's minimum OOM score needs CAP_SYS_RESOURCE, which this host's \
-             root lacks (docs/native.md)"
-        );
         let run = t.run(&[
             "-c",
             "import errno\n\
@@ -235,6 +230,14 @@ conformance_on! {
              \x20   result = errno.errorcode[e.errno]\n\
              print(before, result, open('/proc/self/oom_score_adj').read().strip())",
         ]);
-        assert_eq!(run.obs["stdout"], "1000 EACCES 1000\n", "{:#}", run.obs);
+        if has_cap_sys_resource() {
+            assert_eq!(run.obs["stdout"], "1000 EACCES 1000\n", "{:#}", run.obs);
+        } else {
+            // Pinning the minimum needs CAP_SYS_RESOURCE, which this host's root lacks: the
+            // score is only raised, and the job can lower it (docs/native.md). This fails
+            // the day that changes, so that the documentation changes with it.
+            eprintln!("no CAP_SYS_RESOURCE here: only checking the unpinned shape");
+            assert_eq!(run.obs["stdout"], "1000 lowered 0\n", "{:#}", run.obs);
+        }
     }
 }
