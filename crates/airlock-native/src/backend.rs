@@ -87,6 +87,14 @@ fn next_owner_slot() -> u32 {
     next.fetch_add(1, Ordering::Relaxed) % NAMESPACE_OWNER_SLOTS
 }
 
+/// Whether the kernel has `vm.memfd_noexec` (Linux 6.3+, per pid namespace).
+pub fn memfd_noexec_available() -> bool {
+    std::path::Path::new(MEMFD_NOEXEC_SYSCTL).exists()
+}
+
+/// The sysctl that makes memfds non-executable.
+pub const MEMFD_NOEXEC_SYSCTL: &str = "/proc/sys/vm/memfd_noexec";
+
 /// Inodes of `/out` beyond `max_files`, for the directories a job makes.
 pub const OUT_SPARE_INODES: u64 = 64;
 /// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
@@ -370,6 +378,7 @@ impl NativeBackend {
                 .iter()
                 .map(|(name, value)| ((*name).to_owned(), *value))
                 .collect(),
+            memfd_noexec: self.ids.namespace_owner(0).is_some() && memfd_noexec_available(),
             new_root: jobdir.root(),
             root_size_bytes: ROOT_TMPFS_BYTES,
             mounts,

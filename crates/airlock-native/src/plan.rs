@@ -329,6 +329,10 @@ pub struct SandboxPlan {
     /// `/proc/sys/user/<name>` values of the job's user namespace ([`USER_NAMESPACE_LIMITS`]).
     #[serde(default)]
     pub user_namespace_limits: Vec<(String, u64)>,
+    /// Whether the init sets `vm.memfd_noexec = 2` in the job's pid namespace (root mode on
+    /// Linux 6.3+, where it is per pid namespace), so code written to a memfd cannot run.
+    #[serde(default)]
+    pub memfd_noexec: bool,
     /// Host path of the empty directory the new root's tmpfs is mounted on.
     pub new_root: PathBuf,
     /// Size of the new root's tmpfs (it holds only the synthesized `/etc` and mount points).

@@ -115,6 +115,35 @@ while len(pairs) < 200 and time.time() < deadline and stalled < 8:
 print(len(pairs), held())
 "#;
 
+/// Writes `/bin/true` to a memfd and runs it by descriptor (`execveat`, as `fexecve` does)
+/// and by its `/proc/self/fd` path, then asks for an explicitly executable memfd; prints the
+/// three outcomes (`ran`, `created` or the errno).
+const MEMFD_EXEC: &str = r#"
+import errno, os
+def attempt(f):
+    try:
+        return f()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def run_fd(how):
+    fd = os.memfd_create('x', 0)
+    os.write(fd, open('/bin/true', 'rb').read())
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if how == 'fd':
+                os.execve(fd, ['true'], {})
+            else:
+                os.execve('/proc/self/fd/%d' % fd, ['true'], {})
+        except OSError as e:
+            os._exit(100 + e.errno)
+    _, st = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(st)
+    return 'ran' if code == 0 else errno.errorcode.get(code - 100, str(code))
+MFD_EXEC = 0x10
+print(run_fd('fd'), run_fd('path'), attempt(lambda: os.memfd_create('y', MFD_EXEC) and 'created'))
+"#;
+
 /// Whether this process has `CAP_SYS_RESOURCE` (bit 24 of `CapEff`).
 fn has_cap_sys_resource() -> bool {
     const CAP_SYS_RESOURCE: u32 = 24;
@@ -239,5 +268,15 @@ conformance_on! {
             eprintln!("no CAP_SYS_RESOURCE here: only checking the unpinned shape");
             assert_eq!(run.obs["stdout"], "1000 lowered 0\n", "{:#}", run.obs);
         }
+    }
+
+    fn code_written_to_a_memfd_cannot_run(t: &Target) {
+        airlock_testkit::require!(
+            std::path::Path::new("/proc/sys/vm/memfd_noexec").exists(),
+            "this kernel has no vm.memfd_noexec (Linux 6.3+); memfds stay executable (docs/native.md)"
+        );
+        let run = t.run(&["-c", MEMFD_EXEC]);
+        assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+        assert_eq!(run.obs["stdout"], "EACCES EACCES EACCES\n", "{:#}", run.obs);
     }
 }
