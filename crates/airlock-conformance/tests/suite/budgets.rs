@@ -250,10 +250,13 @@ conformance_on! {
     fn the_job_cannot_lower_its_oom_score(t: &Target) {
         let run = t.run(&[
             "-c",
-            "import errno\n\
+            // One unbuffered write(2), so that its error is the one reported (a buffered
+            // file would raise it at close, or not at all).
+            "import errno, os\n\
              before = open('/proc/self/oom_score_adj').read().strip()\n\
+             fd = os.open('/proc/self/oom_score_adj', os.O_WRONLY)\n\
              try:\n\
-             \x20   open('/proc/self/oom_score_adj', 'w').write('0')\n\
+             \x20   os.write(fd, b'0')\n\
              \x20   result = 'lowered'\n\
              except OSError as e:\n\
              \x20   result = errno.errorcode[e.errno]\n\
