@@ -154,6 +154,7 @@ pub fn diagnose(policy: &Policy) -> DoctorReport {
     report.push(id_mapping_check(policy, root));
     report.push(per_user_budget_check(root));
     report.push(oom_score_check());
+    report.push(memfd_exec_check(root));
 
     let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     match nofile.maximum {
@@ -401,6 +402,29 @@ fn per_user_budget_check(root: bool) -> Check {
             crate::plan::SIGPENDING_RLIMIT
         ),
     )
+}
+
+/// Whether code a job writes to a memfd can be executed.
+fn memfd_exec_check(root: bool) -> Check {
+    let fix = "run airlock as root on Linux 6.3 or later";
+    match (root, crate::backend::memfd_noexec_available()) {
+        (true, true) => Check::ok(
+            "memfd exec",
+            "each job's pid namespace gets vm.memfd_noexec = 2: no memfd can be executed",
+        ),
+        (true, false) => Check::warning(
+            "memfd exec",
+            "this kernel has no vm.memfd_noexec (Linux 6.3+): a job can execute code it \
+             wrote to a memfd (docs/native.md)",
+            fix,
+        ),
+        (false, _) => Check::warning(
+            "memfd exec",
+            "rootless: vm.memfd_noexec can be set only by host uid 0, so a job can execute \
+             code it wrote to a memfd (docs/native.md)",
+            fix,
+        ),
+    }
 }
 
 /// Whether the job's OOM score can be pinned (its minimum set, not only its value).

@@ -5,9 +5,14 @@
 //!
 //! ```text
 //! supervisor (tokio; never forks itself)
-//!  └─ helper     joins the job cgroup, unshares user/mnt/pid/net/ipc/uts/cgroup namespaces
-//!      ├─ mapper     (short-lived, still in the host user namespace) writes the id maps
-//!      └─ init       pid 1 of the new pid namespace: builds the root, reaps orphans
+//!  └─ helper     joins the job cgroup, enters a new user namespace, unshares mnt/pid/net/
+//!      │         ipc/uts/cgroup namespaces owned by it
+//!      ├─ creator    (as root; short-lived) becomes the namespace's owner, an unused host
+//!      │             uid, and creates it; the helper writes its id maps and joins it
+//!      ├─ mapper     (rootless; short-lived, still in the host user namespace) writes the
+//!      │             id maps of the namespace the helper created
+//!      └─ init       pid 1 of the new pid namespace: sets vm.memfd_noexec (as root),
+//!          │         builds the root, reaps orphans
 //!          └─ job    drops every privilege, installs seccomp, execs the interpreter
 //! ```
 //!
