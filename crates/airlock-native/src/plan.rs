@@ -473,6 +473,33 @@ mod tests {
     }
 
     #[test]
+    fn every_user_namespace_limit_names_a_sysctl_of_this_kernel() {
+        // The init skips a name the kernel lacks (older kernels), so a misspelt name would be
+        // skipped silently: check each against this (recent) kernel.
+        let kernel = rustix::system::uname();
+        let release = kernel.release().to_string_lossy().into_owned();
+        let mut parts = release.split(|c: char| !c.is_ascii_digit());
+        let version = (
+            parts
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0),
+            parts
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0),
+        );
+        if version < (5, 13) {
+            eprintln!("Linux {release} predates max_fanotify_*; nothing to check");
+            return;
+        }
+        for (name, _) in USER_NAMESPACE_LIMITS {
+            let path = std::path::Path::new("/proc/sys/user").join(name);
+            assert!(path.exists(), "{} does not exist", path.display());
+        }
+    }
+
+    #[test]
     fn rootless_mapping_maps_only_the_user() {
         let ids = IdMapping::Rootless {
             host_uid: 1000,
