@@ -378,7 +378,8 @@ impl NativeBackend {
                 .iter()
                 .map(|(name, value)| ((*name).to_owned(), *value))
                 .collect(),
-            memfd_noexec: self.ids.namespace_owner(0).is_some() && memfd_noexec_available(),
+            // Only host uid 0 may set it, and only the root mode's sandbox has that uid.
+            memfd_noexec: matches!(self.ids, IdMapping::Root { .. }) && memfd_noexec_available(),
             new_root: jobdir.root(),
             root_size_bytes: ROOT_TMPFS_BYTES,
             mounts,
