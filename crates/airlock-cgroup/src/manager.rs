@@ -136,6 +136,7 @@ pub struct CgroupManager {
     parents: Vec<GroupDir>,
     created: Vec<PathBuf>,
     swap_accounting: bool,
+    tcp_accounting: bool,
 }
 
 impl CgroupManager {
@@ -166,6 +167,14 @@ impl CgroupManager {
                 .any(|p| p.serves("memory") && p.dir.join(v1::MEMSW_LIMIT).exists()),
             CgroupVersion::V2 => parents.iter().any(|p| p.dir.join(v2::SWAP_MAX).exists()),
         };
+        let tcp_accounting = match version {
+            CgroupVersion::V1 => parents
+                .iter()
+                .any(|p| p.serves("memory") && p.dir.join(v1::TCP_LIMIT).exists()),
+            CgroupVersion::V2 => !v2::socket_accounting_disabled(
+                &std::fs::read_to_string("/proc/cmdline").unwrap_or_default(),
+            ),
+        };
         if !swap_accounting {
             tracing::warn!(
                 version = ?version,
@@ -177,6 +186,7 @@ impl CgroupManager {
             parents,
             created,
             swap_accounting,
+            tcp_accounting,
         })
     }
 
@@ -193,6 +203,13 @@ impl CgroupManager {
     /// Whether swap can be capped at zero (`memory.memsw.*` on v1, `memory.swap.max` on v2).
     pub fn swap_accounting(&self) -> bool {
         self.swap_accounting
+    }
+
+    /// Whether the job's TCP socket buffers count against its memory limit: on v1 through
+    /// `memory.kmem.tcp.limit_in_bytes`, set to the memory limit; on v2 socket memory is part
+    /// of `memory.current` unless the kernel was booted with `cgroup.memory=nosocket`.
+    pub fn tcp_accounting(&self) -> bool {
+        self.tcp_accounting
     }
 
     /// Creates the group `name` under every parent and writes the limits. On error, whatever
@@ -222,7 +239,9 @@ impl CgroupManager {
             }
         }
         match self.version {
-            CgroupVersion::V1 => v1::write_limits(&job.dirs, limits, self.swap_accounting)?,
+            CgroupVersion::V1 => {
+                v1::write_limits(&job.dirs, limits, self.swap_accounting, self.tcp_accounting)?
+            }
             CgroupVersion::V2 => {
                 for dir in &job.dirs {
                     v2::write_limits(&dir.dir, limits, self.swap_accounting)?;

@@ -55,6 +55,10 @@ pub struct HierarchyReport {
     pub controllers: Vec<Check>,
     /// `memory.memsw.*` (v1) or `memory.swap.max` (v2): without it swap is not capped.
     pub swap_accounting: Check,
+    /// TCP socket buffers charged to the job: `memory.kmem.tcp.limit_in_bytes` (v1), socket
+    /// accounting not turned off on the kernel command line (v2). Without it a job's socket
+    /// buffers escape its memory limit; the native backend refuses such a host.
+    pub tcp_accounting: Check,
     /// `cgroup.kill` (v2, Linux 5.14+); otherwise the pidfd sweep kills.
     pub cgroup_kill: Check,
     /// Peak memory: `memory.max_usage_in_bytes` (v1) or `memory.peak` (v2, Linux 5.19+).
@@ -145,6 +149,12 @@ impl Hierarchy {
             "no memory.memsw.* files: the kernel runs without swap accounting (boot with \
              swapaccount=1); jobs get swappiness 0 but their swap use is not capped",
         );
+        let tcp_accounting = probe(
+            "tcp accounting",
+            memory_dir.as_deref(),
+            v1::TCP_LIMIT,
+            "no memory.kmem.tcp.limit_in_bytes: this kernel does not charge TCP buffers to v1              memory cgroups (CONFIG_MEMCG_KMEM off, or booted with cgroup.memory=nosocket), so              a job's socket buffers would escape its memory limit",
+        );
         let memory_peak = probe(
             "memory peak",
             memory_dir.as_deref(),
@@ -155,6 +165,7 @@ impl Hierarchy {
             version: CgroupVersion::V1,
             controllers,
             swap_accounting,
+            tcp_accounting,
             cgroup_kill: Check {
                 name: "cgroup.kill",
                 presence: Presence::Missing,
@@ -213,6 +224,9 @@ impl Hierarchy {
                 "no memory.swap.max: the kernel runs without swap accounting; swap use is not \
                  capped",
             ),
+            tcp_accounting: v2_tcp_accounting(
+                &std::fs::read_to_string("/proc/cmdline").unwrap_or_default(),
+            ),
             cgroup_kill: probe_or_kernel(
                 "cgroup.kill",
                 probe_dir.as_deref(),
@@ -228,6 +242,29 @@ impl Hierarchy {
                 "Linux before 5.19 has no memory.peak: peak memory is not reported",
             ),
             parent,
+        }
+    }
+}
+
+/// v2 charges socket buffers to `memory.current` unless the command line turns it off.
+fn v2_tcp_accounting(cmdline: &str) -> Check {
+    let location = Some(PathBuf::from("/proc/cmdline"));
+    if v2::socket_accounting_disabled(cmdline) {
+        Check {
+            name: "tcp accounting",
+            presence: Presence::Missing,
+            location,
+            explanation: Some(
+                "the kernel was booted with cgroup.memory=nosocket: a job's socket buffers                  escape its memory limit"
+                    .to_owned(),
+            ),
+        }
+    } else {
+        Check {
+            name: "tcp accounting",
+            presence: Presence::Present,
+            location,
+            explanation: Some("socket buffers are part of memory.current".to_owned()),
         }
     }
 }
@@ -408,6 +445,7 @@ impl fmt::Display for HierarchyReport {
         writeln!(f, "cgroup {version}")?;
         let checks = self.controllers.iter().chain([
             &self.swap_accounting,
+            &self.tcp_accounting,
             &self.cgroup_kill,
             &self.memory_peak,
         ]);
@@ -516,6 +554,18 @@ mod tests {
         put(&root.join("cgroup.controllers"), "cpu io memory pids\n")?;
         let h = Hierarchy::from_proc_files(&mountinfo, &format!("0::{own}\n"))?;
         Ok(h.with_unified_controllers("cpu io memory pids\n"))
+    }
+
+    #[test]
+    fn v2_tcp_accounting_is_missing_only_with_nosocket() {
+        assert_eq!(
+            v2_tcp_accounting("root=/dev/vda1 ro").presence,
+            Presence::Present
+        );
+        assert_eq!(
+            v2_tcp_accounting("root=/dev/vda1 cgroup.memory=nosocket").presence,
+            Presence::Missing
+        );
     }
 
     #[test]

@@ -11,6 +11,12 @@ use crate::{CPU_PERIOD_US, CgroupError, Hierarchy, JobLimits, JobStats, ParentSp
 /// The memory+swap limit; present only with swap accounting.
 pub(crate) const MEMSW_LIMIT: &str = "memory.memsw.limit_in_bytes";
 
+/// The limit on the group's TCP socket buffers. On v1 socket memory is not part of
+/// `memory.usage_in_bytes` and is charged to the group at all only once this limit is set:
+/// without it a job's loopback connections pin buffers bounded only by the host-wide
+/// `net.ipv4.tcp_mem`.
+pub(crate) const TCP_LIMIT: &str = "memory.kmem.tcp.limit_in_bytes";
+
 /// The parent directory in each distinct hierarchy that carries a needed controller.
 pub(crate) fn plan_parents(h: &Hierarchy, spec: &ParentSpec) -> Result<Vec<GroupDir>, CgroupError> {
     let mut parents: Vec<GroupDir> = Vec::new();
@@ -50,10 +56,13 @@ pub(crate) fn plan_parents(h: &Hierarchy, spec: &ParentSpec) -> Result<Vec<Group
 
 /// Writes the limits. The memory+swap limit goes after the memory limit (the kernel requires
 /// memsw >= memory at every step); without swap accounting, swappiness 0 is the best v1 has.
+/// TCP buffers get the memory limit as a limit of their own (v1 counts them apart), before
+/// any process joins, so every socket of the job is charged.
 pub(crate) fn write_limits(
     dirs: &[GroupDir],
     limits: &JobLimits,
     memsw: bool,
+    tcp: bool,
 ) -> Result<(), CgroupError> {
     for d in dirs {
         if d.serves("memory") {
@@ -63,6 +72,9 @@ pub(crate) fn write_limits(
                 fs::write(&d.dir.join(MEMSW_LIMIT), &bytes)?;
             } else {
                 fs::write(&d.dir.join("memory.swappiness"), "0")?;
+            }
+            if tcp {
+                fs::write(&d.dir.join(TCP_LIMIT), &bytes)?;
             }
         }
         if d.serves("cpu") {
@@ -151,9 +163,11 @@ mod tests {
             "",
         )
         .map_err(io)?;
+        stdfs::write(root.join("memory/svc/airlockd/airlock").join(TCP_LIMIT), "").map_err(io)?;
         let m = CgroupManager::new(h, ParentSpec::Auto)?;
         assert_eq!(m.version(), CgroupVersion::V1);
         assert!(m.swap_accounting());
+        assert!(m.tcp_accounting());
         assert_eq!(
             m.parent_paths(),
             vec![
@@ -173,6 +187,7 @@ mod tests {
         let pids = root.join("pids/airlock/job-1");
         assert_eq!(read(mem.join("memory.limit_in_bytes")), "268435456");
         assert_eq!(read(mem.join(MEMSW_LIMIT)), "268435456");
+        assert_eq!(read(mem.join(TCP_LIMIT)), "268435456");
         assert!(!mem.join("memory.swappiness").exists());
         assert_eq!(read(cpu.join("cpu.cfs_period_us")), "100000");
         assert_eq!(read(cpu.join("cpu.cfs_quota_us")), "50000");
@@ -211,6 +226,9 @@ mod tests {
         let root = tmp.path();
         let m = CgroupManager::new(fake_v1(root)?, ParentSpec::Path("/sandbox/airlock".into()))?;
         assert!(!m.swap_accounting());
+        // A kernel without TCP accounting in the memory controller: the manager says so
+        // (the backend refuses such a host) and writes no TCP limit.
+        assert!(!m.tcp_accounting());
         assert!(root.join("pids/sandbox/airlock").is_dir());
         let limits = JobLimits {
             memory_bytes: 64 << 20,
@@ -222,6 +240,7 @@ mod tests {
         assert_eq!(read(mem.join("memory.limit_in_bytes")), "67108864");
         assert_eq!(read(mem.join("memory.swappiness")), "0");
         assert!(!mem.join(MEMSW_LIMIT).exists());
+        assert!(!mem.join(TCP_LIMIT).exists());
         assert_eq!(
             read(root.join("cpu,cpuacct/sandbox/airlock/j/cpu.cfs_quota_us")),
             "150000"

@@ -221,8 +221,33 @@ pub(crate) fn read_stats(dir: &Path) -> Result<JobStats, CgroupError> {
     })
 }
 
+/// Whether the kernel command line turns socket memory accounting off
+/// (`cgroup.memory=nosocket`, possibly among other comma-separated options); v2 otherwise
+/// charges a group's socket buffers to its `memory.current`.
+pub(crate) fn socket_accounting_disabled(cmdline: &str) -> bool {
+    cmdline
+        .split_whitespace()
+        .filter_map(|arg| arg.strip_prefix("cgroup.memory="))
+        .any(|options| options.split(',').any(|o| o == "nosocket"))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn nosocket_on_the_command_line_turns_socket_accounting_off() {
+        assert!(!super::socket_accounting_disabled(
+            "BOOT_IMAGE=/vmlinuz root=/dev/vda1 ro quiet"
+        ));
+        assert!(super::socket_accounting_disabled(
+            "root=/dev/vda1 cgroup.memory=nokmem,nosocket quiet"
+        ));
+        assert!(super::socket_accounting_disabled("cgroup.memory=nosocket"));
+        assert!(!super::socket_accounting_disabled("cgroup.memory=nokmem"));
+        assert!(!super::socket_accounting_disabled(
+            "xcgroup.memory=nosocket"
+        ));
+    }
+
     use super::*;
     use crate::{CgroupManager, CgroupVersion, JobCgroup};
     use pretty_assertions::assert_eq;

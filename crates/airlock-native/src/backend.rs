@@ -26,8 +26,9 @@ use crate::jobdir::{JobDir, RuntimeDir};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::out::{self, OutCaps};
 use crate::plan::{
-    CONTROL_FD, HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, PLAN_FD, PROXY_PORT,
-    RlimitResource, RlimitSetting, STATUS_FD, SandboxPlan,
+    CONTROL_FD, HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, MSGQUEUE_RLIMIT_BYTES,
+    NAMESPACE_OWNER_SLOTS, PLAN_FD, PROXY_PORT, RlimitResource, RlimitSetting, SIGPENDING_RLIMIT,
+    STATUS_FD, SandboxPlan, USER_NAMESPACE_LIMITS,
 };
 
 /// Longest time from starting the helper to the program's exec.
@@ -67,6 +68,32 @@ fn error_text(err: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// The next job user namespace's owner slot: consecutive within this process (so up to
+/// [`NAMESPACE_OWNER_SLOTS`] sandboxes of one airlock never share an owner), from a random
+/// start (so two airlock processes on one host rarely do; when they do, the two jobs share
+/// the owner's host-wide per-user counts, each still bounded by its own namespace's).
+fn next_owner_slot() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        // Truncation intended: any 32 bits of the random hash are a start.
+        AtomicU32::new(hasher.finish() as u32)
+    });
+    next.fetch_add(1, Ordering::Relaxed) % NAMESPACE_OWNER_SLOTS
+}
+
+/// Whether the kernel has `vm.memfd_noexec` (Linux 6.3+, per pid namespace).
+pub fn memfd_noexec_available() -> bool {
+    std::path::Path::new(MEMFD_NOEXEC_SYSCTL).exists()
+}
+
+/// The sysctl that makes memfds non-executable.
+pub const MEMFD_NOEXEC_SYSCTL: &str = "/proc/sys/vm/memfd_noexec";
 
 /// Inodes of `/out` beyond `max_files`, for the directories a job makes.
 pub const OUT_SPARE_INODES: u64 = 64;
@@ -177,6 +204,16 @@ impl NativeBackend {
             } else {
                 return Err(swap_refusal(gap));
             }
+        }
+        // Socket buffers outside the memory limit let a job pin host memory many times its
+        // limit (v1 charges them only with a TCP limit set); no weaker shape is offered.
+        if let Some(manager) = &cgroups
+            && !manager.tcp_accounting()
+        {
+            return Err(NativeError::Unsupported {
+                control: "tcp memory",
+                reason: TCP_ACCOUNTING_MISSING.to_owned(),
+            });
         }
         let runtime = RuntimeDir::open(&config.runtime_dir)?;
         let seccomp = CompiledSeccomp::builtin()?;
@@ -309,6 +346,15 @@ impl NativeBackend {
                 value: cpu_secs,
             },
         ];
+        // Per-user budgets the job is charged in its own namespace (the owner is charged too).
+        rlimits.push(RlimitSetting {
+            resource: RlimitResource::Msgqueue,
+            value: MSGQUEUE_RLIMIT_BYTES,
+        });
+        rlimits.push(RlimitSetting {
+            resource: RlimitResource::Sigpending,
+            value: SIGPENDING_RLIMIT,
+        });
         if cgroup.is_none() {
             // The degraded shape: per-process address space for memory, per-namespace
             // process count for pids. No CPU share is possible; the CPU-time cap stays.
@@ -327,6 +373,13 @@ impl NativeBackend {
             supervisor_pid: rustix::process::getpid().as_raw_nonzero().get(),
             cgroup_procs: cgroup.map(JobCgroup::procs_files).unwrap_or_default(),
             ids: self.ids,
+            namespace_owner: self.ids.namespace_owner(next_owner_slot()),
+            user_namespace_limits: USER_NAMESPACE_LIMITS
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), *value))
+                .collect(),
+            // Only host uid 0 may set it, and only the root mode's sandbox has that uid.
+            memfd_noexec: matches!(self.ids, IdMapping::Root { .. }) && memfd_noexec_available(),
             new_root: jobdir.root(),
             root_size_bytes: ROOT_TMPFS_BYTES,
             mounts,
@@ -884,6 +937,12 @@ pub const DEGRADED_WITHOUT_CGROUP: &[&str] = &[
     "cpu: no CPU share, only the RLIMIT_CPU time cap",
     "accounting: cpu and peak memory from the processes the init reaped",
 ];
+
+/// Why a host without TCP accounting in its memory cgroups is refused.
+pub const TCP_ACCOUNTING_MISSING: &str = "this kernel does not charge TCP socket buffers to memory cgroups (v1: no \
+     memory.kmem.tcp.limit_in_bytes, CONFIG_MEMCG_KMEM off or cgroup.memory=nosocket; v2: \
+     booted with cgroup.memory=nosocket), so a job's sockets could pin memory far past its \
+     limit; boot without cgroup.memory=nosocket, or use cgroup v2";
 
 /// What the observation lists when the policy accepts an uncapped swap.
 pub const DEGRADED_SWAP: &str =

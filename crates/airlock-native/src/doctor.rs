@@ -152,6 +152,9 @@ pub fn diagnose(policy: &Policy) -> DoctorReport {
     }
 
     report.push(id_mapping_check(policy, root));
+    report.push(per_user_budget_check(root));
+    report.push(oom_score_check());
+    report.push(memfd_exec_check(root));
 
     let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     match nofile.maximum {
@@ -303,6 +306,40 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
             }
         }
     });
+    let tcp_name = format!("cgroup {version} tcp memory");
+    checks.push(match r.tcp_accounting.presence {
+        Presence::Present => Check::ok(
+            &tcp_name,
+            match r.version {
+                airlock_cgroup::CgroupVersion::V1 => {
+                    "memory.kmem.tcp.limit_in_bytes: each job's TCP buffers are limited to its \
+                     memory limit"
+                }
+                airlock_cgroup::CgroupVersion::V2 => {
+                    "socket buffers are charged to each job's memory.current"
+                }
+            },
+        ),
+        Presence::Unknown => Check::warning(
+            &tcp_name,
+            r.tcp_accounting
+                .explanation
+                .clone()
+                .unwrap_or_else(|| "not known until airlock's cgroup parent exists".into()),
+            "none needed if the kernel has memory.kmem.tcp.* (v1) or socket accounting (v2)",
+        ),
+        Presence::Missing => Check::missing(
+            &tcp_name,
+            format!(
+                "{}: jobs are refused",
+                r.tcp_accounting
+                    .explanation
+                    .clone()
+                    .unwrap_or_else(|| "no TCP accounting".into())
+            ),
+            "boot without cgroup.memory=nosocket (and, on v1, with CONFIG_MEMCG_KMEM), or use cgroup v2",
+        ),
+    });
     checks.push(if r.parent.writable {
         Check::ok(
             "cgroup parent",
@@ -340,6 +377,77 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
         }
     });
     checks
+}
+
+/// Who the job's per-user kernel counts (inotify instances, message queue bytes, queued
+/// signals, namespaces) are charged to, and the limits inside its user namespace.
+fn per_user_budget_check(root: bool) -> Check {
+    let limits: Vec<String> = crate::plan::USER_NAMESPACE_LIMITS
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    let owner = if root {
+        "each job's user namespace is owned by its own unused host uid of the mapped range, \
+         so host root's per-user counts are not charged"
+    } else {
+        "jobs' user namespaces are owned by your uid, which their per-user counts are charged \
+         to besides"
+    };
+    Check::ok(
+        "per-user budgets",
+        format!(
+            "{owner}; in the namespace: {}; RLIMIT_MSGQUEUE {} bytes, RLIMIT_SIGPENDING {}",
+            limits.join(", "),
+            crate::plan::MSGQUEUE_RLIMIT_BYTES,
+            crate::plan::SIGPENDING_RLIMIT
+        ),
+    )
+}
+
+/// Whether code a job writes to a memfd can be executed.
+fn memfd_exec_check(root: bool) -> Check {
+    let fix = "run airlock as root on Linux 6.3 or later";
+    match (root, crate::backend::memfd_noexec_available()) {
+        (true, true) => Check::ok(
+            "memfd exec",
+            "each job's pid namespace gets vm.memfd_noexec = 2: no memfd can be executed",
+        ),
+        (true, false) => Check::warning(
+            "memfd exec",
+            "this kernel has no vm.memfd_noexec (Linux 6.3+): a job can execute code it \
+             wrote to a memfd (docs/native.md)",
+            fix,
+        ),
+        (false, _) => Check::warning(
+            "memfd exec",
+            "rootless: vm.memfd_noexec can be set only by host uid 0, so a job can execute \
+             code it wrote to a memfd (docs/native.md)",
+            fix,
+        ),
+    }
+}
+
+/// Whether the job's OOM score can be pinned (its minimum set, not only its value).
+fn oom_score_check() -> Check {
+    let pinned = rustix::thread::capabilities(None).is_ok_and(|caps| {
+        caps.effective
+            .contains(rustix::thread::CapabilitySet::SYS_RESOURCE)
+    });
+    if pinned {
+        Check::ok(
+            "oom score",
+            "jobs run at oom_score_adj 1000, pinned as their minimum (CAP_SYS_RESOURCE): a job \
+             cannot lower it",
+        )
+    } else {
+        Check::warning(
+            "oom score",
+            "airlock lacks CAP_SYS_RESOURCE: jobs start at oom_score_adj 1000 but can lower it \
+             back to 0 (the memory limit still holds; only the OOM killer's choice between a \
+             job and other processes of its cgroup is affected)",
+            "run airlock with CAP_SYS_RESOURCE (root outside a container has it)",
+        )
+    }
 }
 
 fn id_mapping_check(policy: &Policy, root: bool) -> Check {

@@ -5,9 +5,14 @@
 //!
 //! ```text
 //! supervisor (tokio; never forks itself)
-//!  └─ helper     joins the job cgroup, unshares user/mnt/pid/net/ipc/uts/cgroup namespaces
-//!      ├─ mapper     (short-lived, still in the host user namespace) writes the id maps
-//!      └─ init       pid 1 of the new pid namespace: builds the root, reaps orphans
+//!  └─ helper     joins the job cgroup, enters a new user namespace, unshares mnt/pid/net/
+//!      │         ipc/uts/cgroup namespaces owned by it
+//!      ├─ creator    (as root; short-lived) becomes the namespace's owner, an unused host
+//!      │             uid, and creates it; the helper writes its id maps and joins it
+//!      ├─ mapper     (rootless; short-lived, still in the host user namespace) writes the
+//!      │             id maps of the namespace the helper created
+//!      └─ init       pid 1 of the new pid namespace: sets vm.memfd_noexec (as root),
+//!          │         builds the root, reaps orphans
 //!          └─ job    drops every privilege, installs seccomp, execs the interpreter
 //! ```
 //!
@@ -34,9 +39,14 @@ use crate::plan::{
 /// Largest plan accepted (the seccomp programs and environment dominate).
 const PLAN_MAX_BYTES: u64 = 4 << 20;
 
-/// The job's OOM score: the kernel's first choice when the memory limit is hit, so the
-/// job dies rather than its init.
+/// The sandbox's OOM score: the kernel's first choice when the memory limit is hit. The
+/// helper sets it for itself, so the init and the job inherit it; among equal scores the
+/// largest process goes first, which is the job's, not the init's.
 const JOB_OOM_SCORE_ADJ: &str = "1000";
+
+/// `vm.memfd_noexec` 2: no memfd of the pid namespace can ever be executable (`MFD_EXEC`
+/// is refused, and every memfd is sealed non-executable).
+const MEMFD_NOEXEC_ENFORCED: &str = "2";
 
 /// Exit code of a job process that failed before exec (reported separately as an event).
 const EXEC_FAILED_EXIT: i32 = 127;
@@ -144,6 +154,77 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
 
     // 0. Die with the supervisor: if it is killed, the sandbox must not outlive it. If it
     //    died before the signal was armed, we have already been reparented.
+    arm_death_signal(&plan)?;
+
+    // 1. Join the job's cgroup before anything else, so every later process is counted
+    //    and the cgroup namespace below is rooted at the job's group.
+    for procs in &plan.cgroup_procs {
+        fs::write(procs, "0").step(|| format!("join cgroup {}", procs.display()))?;
+    }
+
+    // 2. The OOM score, while still host root: written by a process with CAP_SYS_RESOURCE
+    //    it also becomes the minimum (oom_score_adj_min), which every descendant inherits,
+    //    so the job cannot lower it again. Without that capability (a container's root) it
+    //    is only raised, and the job may lower it back to its inherited minimum.
+    fs::write("/proc/self/oom_score_adj", JOB_OOM_SCORE_ADJ).step(|| "set oom_score_adj".into())?;
+
+    // 3. The user namespace, then new namespaces for everything else, owned by it;
+    //    CLONE_NEWPID applies to our children.
+    match plan.namespace_owner {
+        Some(owner) => enter_owned_user_namespace(&plan, status, owner)?,
+        None => enter_own_user_namespace(&plan, status)?,
+    }
+    process::unshare_namespaces(
+        UnshareFlags::NEWNS
+            | UnshareFlags::NEWPID
+            | UnshareFlags::NEWNET
+            | UnshareFlags::NEWIPC
+            | UnshareFlags::NEWUTS
+            | UnshareFlags::NEWCGROUP,
+    )
+    .step(|| "unshare namespaces".into())?;
+
+    // 4. The namespace's own per-user counts (we hold CAP_SYS_RESOURCE there). The sysctls
+    //    resolve to the writer's user namespace, so the host's /proc serves. A count the
+    //    kernel does not have (older than the entry) is skipped.
+    for (name, value) in &plan.user_namespace_limits {
+        let path = Path::new("/proc/sys/user").join(name);
+        match fs::write(&path, value.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StepFailure::new(format!("write {}", path.display()), &e)),
+        }
+    }
+
+    // 5. The init: pid 1 of the new pid namespace. A pipe tells it whether we still live.
+    let (alive_read, alive_write) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).step(|| "create pipe".into())?;
+    let init = match process::fork().step(|| "fork init".into())? {
+        Fork::Child => {
+            drop(alive_write);
+            run_init(plan, status, alive_read, handoff)
+        }
+        Fork::Parent(pid) => pid,
+    };
+    drop(alive_read);
+    // As root we are still host uid 0 inside the namespace (the init needed that): become
+    // the namespace's root, which owns nothing of the host.
+    if plan.namespace_owner.is_some() {
+        become_namespace_root()?;
+        arm_death_signal(&plan)?;
+    }
+    drop(handoff);
+    // The job's stdio belongs to the job: stop holding it, so the supervisor sees EOF as
+    // soon as the job's processes are gone.
+    detach_stdio().step(|| "detach stdio".into())?;
+    let _ = rustix::process::waitpid(Some(init), WaitOptions::empty());
+    drop(alive_write);
+    Ok(())
+}
+
+/// Dies with the supervisor, and checks it is still there (a change of credentials
+/// clears the signal, so this is repeated after each).
+fn arm_death_signal(plan: &SandboxPlan) -> Result<(), StepFailure> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .step(|| "set parent death signal".into())?;
     if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(plan.supervisor_pid) {
@@ -152,15 +233,102 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
             &io::Error::other("the supervisor is gone"),
         ));
     }
+    Ok(())
+}
 
-    // 1. Join the job's cgroup before anything else, so every later process is counted
-    //    and the cgroup namespace below is rooted at the job's group.
-    for procs in &plan.cgroup_procs {
-        fs::write(procs, "0").step(|| format!("join cgroup {}", procs.display()))?;
+/// In-sandbox uid and gid 0 (an unprivileged host id), so files created have a mapped owner.
+fn become_namespace_root() -> Result<(), StepFailure> {
+    rustix::thread::set_thread_res_gid(gid(0), gid(0), gid(0))
+        .step(|| "setresgid 0 in namespace".into())?;
+    rustix::thread::set_thread_groups(&[]).step(|| "setgroups in namespace".into())?;
+    rustix::thread::set_thread_res_uid(uid(0), uid(0), uid(0))
+        .step(|| "setresuid 0 in namespace".into())
+}
+
+/// As root: a user namespace owned by `owner`, an unprivileged host uid, joined with our
+/// host root credentials.
+///
+/// The kernel charges per-user counts (inotify instances, message queue bytes, queued
+/// signals, namespaces) to each user namespace's owner up the chain, so a namespace created
+/// by host root lets its job exhaust root's. A child becomes `owner` and creates it; we
+/// write its id maps (host root may map any ids) and join it. Joining keeps our host uid 0,
+/// mapped to nothing inside, with every capability there and none outside: the init,
+/// forked next, is then the one process of the sandbox that may set the pid namespace's
+/// `vm.memfd_noexec` (the kernel wants host uid 0 and CAP_SYS_ADMIN over the namespace).
+fn enter_owned_user_namespace(
+    plan: &SandboxPlan,
+    status: &OwnedFd,
+    owner: u32,
+) -> Result<(), StepFailure> {
+    let pipe =
+        || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).step(|| "create pipe".into());
+    let (created_read, created_write) = pipe()?;
+    let (hold_read, hold_write) = pipe()?;
+    let creator = match process::fork().step(|| "fork namespace creator".into())? {
+        Fork::Child => {
+            drop((created_read, hold_write));
+            let code = match create_user_namespace_as(owner, &created_write) {
+                Ok(()) => {
+                    // Keep the namespace alive until the helper has joined it (EOF).
+                    let mut byte = [0u8; 1];
+                    let _ = rustix::io::read(&hold_read, &mut byte);
+                    0
+                }
+                Err(failure) => {
+                    report(status, &failure.event());
+                    1
+                }
+            };
+            process::exit_now(code)
+        }
+        Fork::Parent(pid) => pid,
+    };
+    drop((created_write, hold_read));
+    let mut byte = [0u8; 1];
+    let n = rustix::io::read(&created_read, &mut byte).step(|| "wait for user namespace".into())?;
+    if n == 0 {
+        let _ = rustix::process::waitpid(Some(creator), WaitOptions::empty());
+        return Err(StepFailure::already_reported());
     }
+    let proc_dir = PathBuf::from(format!("/proc/{}", creator.as_raw_nonzero()));
+    let joined = (|| {
+        let namespace = rustix::fs::open(
+            proc_dir.join("ns/user"),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .step(|| "open the job's user namespace".into())?;
+        fs::write(proc_dir.join("uid_map"), plan.ids.uid_map()).step(|| "write uid_map".into())?;
+        fs::write(proc_dir.join("gid_map"), plan.ids.gid_map()).step(|| "write gid_map".into())?;
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&namespace),
+            Some(rustix::thread::LinkNameSpaceType::User),
+        )
+        .step(|| "join the job's user namespace".into())
+    })();
+    drop(hold_write);
+    let _ = rustix::process::waitpid(Some(creator), WaitOptions::empty());
+    joined?;
+    // Joining dropped the parent-death signal (new credentials).
+    arm_death_signal(plan)
+}
 
-    // 2. A mapper child, still in the host user namespace, will write our id maps: only a
-    //    process there may map ids other than its own.
+/// The namespace creator: becomes `owner` (dropping every host capability) and creates the
+/// user namespace, then says so on `created`.
+fn create_user_namespace_as(owner: u32, created: &OwnedFd) -> Result<(), StepFailure> {
+    rustix::thread::set_thread_groups(&[]).step(|| "setgroups [] before unshare".into())?;
+    rustix::thread::set_thread_res_gid(gid(owner), gid(owner), gid(owner))
+        .step(|| format!("setresgid {owner} before unshare"))?;
+    rustix::thread::set_thread_res_uid(uid(owner), uid(owner), uid(owner))
+        .step(|| format!("setresuid {owner} before unshare"))?;
+    process::unshare_namespaces(UnshareFlags::NEWUSER).step(|| "unshare user namespace".into())?;
+    rustix::io::write(created, b"u").step(|| "report user namespace".into())?;
+    Ok(())
+}
+
+/// Rootless: our own user namespace; a mapper child, still in the host user namespace,
+/// writes its id maps (only a process there may).
+fn enter_own_user_namespace(plan: &SandboxPlan, status: &OwnedFd) -> Result<(), StepFailure> {
     let helper_pid = rustix::process::getpid();
     let (go_read, go_write) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).step(|| "create pipe".into())?;
@@ -179,20 +347,7 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
         Fork::Parent(pid) => pid,
     };
     drop(go_read);
-
-    // 3. New namespaces for everything; CLONE_NEWPID applies to our children.
-    process::unshare_namespaces(
-        UnshareFlags::NEWUSER
-            | UnshareFlags::NEWNS
-            | UnshareFlags::NEWPID
-            | UnshareFlags::NEWNET
-            | UnshareFlags::NEWIPC
-            | UnshareFlags::NEWUTS
-            | UnshareFlags::NEWCGROUP,
-    )
-    .step(|| "unshare namespaces".into())?;
-
-    // 4. Let the mapper write the maps, and wait for it.
+    process::unshare_namespaces(UnshareFlags::NEWUSER).step(|| "unshare user namespace".into())?;
     rustix::io::write(&go_write, b"m").step(|| "signal id mapper".into())?;
     drop(go_write);
     let mapped = rustix::process::waitpid(Some(mapper), WaitOptions::empty())
@@ -200,34 +355,9 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     if mapped.is_none_or(|(_, st)| st.exit_status() != Some(0)) {
         return Err(StepFailure::already_reported());
     }
-
-    // 5. As root, become the namespace's root (an unprivileged host uid), so files the init
-    //    creates have a mapped owner. Rootless, our own uid is already mapped.
     if let IdMapping::Root { .. } = plan.ids {
-        rustix::thread::set_thread_res_gid(gid(0), gid(0), gid(0))
-            .step(|| "setresgid 0 in namespace".into())?;
-        rustix::thread::set_thread_groups(&[]).step(|| "setgroups in namespace".into())?;
-        rustix::thread::set_thread_res_uid(uid(0), uid(0), uid(0))
-            .step(|| "setresuid 0 in namespace".into())?;
+        become_namespace_root()?;
     }
-
-    // 6. The init: pid 1 of the new pid namespace. A pipe tells it whether we still live.
-    let (alive_read, alive_write) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).step(|| "create pipe".into())?;
-    let init = match process::fork().step(|| "fork init".into())? {
-        Fork::Child => {
-            drop(alive_write);
-            run_init(plan, status, alive_read, handoff)
-        }
-        Fork::Parent(pid) => pid,
-    };
-    drop(alive_read);
-    drop(handoff);
-    // The job's stdio belongs to the job: stop holding it, so the supervisor sees EOF as
-    // soon as the job's processes are gone.
-    detach_stdio().step(|| "detach stdio".into())?;
-    let _ = rustix::process::waitpid(Some(init), WaitOptions::empty());
-    drop(alive_write);
     Ok(())
 }
 
@@ -285,6 +415,16 @@ fn init_and_spawn(
     alive: OwnedFd,
     handoff: Option<OwnedFd>,
 ) -> Result<Pid, StepFailure> {
+    if plan.namespace_owner.is_some() {
+        // Still host uid 0 (see enter_owned_user_namespace), now in the new pid namespace:
+        // the moment to forbid executable memfds in it, for good (a child namespace cannot
+        // lower it, and nothing in this one can write it once the uid is gone).
+        if plan.memfd_noexec {
+            fs::write("/proc/sys/vm/memfd_noexec", MEMFD_NOEXEC_ENFORCED)
+                .step(|| "set vm.memfd_noexec".into())?;
+        }
+        become_namespace_root()?;
+    }
     // Die with the helper. If it died before this line, the pipe has hung up.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .step(|| "set parent death signal".into())?;
@@ -647,12 +787,6 @@ enum Never {}
 
 fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
     rustix::process::setsid().step(|| "setsid".into())?;
-    // The uid switches made this process non-dumpable, which makes its /proc files
-    // root-owned and unwritable. Dumpable again just long enough to set the OOM score;
-    // the switch to uid 65534 below makes it non-dumpable again.
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
-        .step(|| "set dumpable".into())?;
-    fs::write("/proc/self/oom_score_adj", JOB_OOM_SCORE_ADJ).step(|| "set oom_score_adj".into())?;
     for setting in &plan.rlimits {
         let resource = match setting.resource {
             RlimitResource::Nofile => Resource::Nofile,
@@ -661,6 +795,8 @@ fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
             RlimitResource::Cpu => Resource::Cpu,
             RlimitResource::As => Resource::As,
             RlimitResource::Nproc => Resource::Nproc,
+            RlimitResource::Msgqueue => Resource::Msgqueue,
+            RlimitResource::Sigpending => Resource::Sigpending,
         };
         rustix::process::setrlimit(
             resource,

@@ -99,6 +99,19 @@ impl IdMapping {
         }
     }
 
+    /// The host uid (and gid) that creates, and so owns, the job's user namespace: in-sandbox
+    /// id `1 + slot % NAMESPACE_OWNER_SLOTS`, mapped but never run as. Root mode only: a
+    /// namespace created by host root charges its processes' per-user counts (inotify
+    /// instances, message queue bytes, queued signals, namespaces) to host root as well, so a
+    /// job could exhaust root's; owned by its own unprivileged uid, it charges that uid. Rootless,
+    /// the namespace is already owned by airlock's own user.
+    pub fn namespace_owner(&self, slot: u32) -> Option<u32> {
+        match self {
+            IdMapping::Root { host_base } => Some(host_base + 1 + slot % NAMESPACE_OWNER_SLOTS),
+            IdMapping::Rootless { .. } => None,
+        }
+    }
+
     /// The host uid of in-sandbox root (the owner of the job directory), if root is mapped.
     pub fn sandbox_root_host_uid(&self) -> Option<u32> {
         match self {
@@ -107,6 +120,38 @@ impl IdMapping {
         }
     }
 }
+
+/// How many distinct owners job user namespaces rotate through: the in-sandbox ids between
+/// root (0) and the job (65534), which are mapped but that nothing runs as.
+pub const NAMESPACE_OWNER_SLOTS: u32 = JOB_ID_IN_SANDBOX - 1;
+
+/// Per-user counts of the job's user namespace (`/proc/sys/user/<name>` inside it), set by
+/// the helper as the namespace's root before anything of the job runs. They bound each uid
+/// of the namespace (the job runs as one), below the host-wide per-user limits that the
+/// namespace's owner is charged too. Namespaces: none (seccomp refuses creating them anyway;
+/// this is the kernel's own second line).
+pub const USER_NAMESPACE_LIMITS: &[(&str, u64)] = &[
+    // fs.inotify.max_user_instances is 128 by default: a job gets a quarter.
+    ("max_inotify_instances", 32),
+    ("max_inotify_watches", 8192),
+    ("max_fanotify_groups", 0),
+    ("max_fanotify_marks", 0),
+    ("max_user_namespaces", 0),
+    ("max_mnt_namespaces", 0),
+    ("max_pid_namespaces", 0),
+    ("max_net_namespaces", 0),
+    ("max_ipc_namespaces", 0),
+    ("max_uts_namespaces", 0),
+    ("max_cgroup_namespaces", 0),
+    ("max_time_namespaces", 0),
+];
+
+/// The job's `RLIMIT_MSGQUEUE`: bytes of POSIX message queues (the kernel's default for a user).
+pub const MSGQUEUE_RLIMIT_BYTES: u64 = 819_200;
+
+/// The job's `RLIMIT_SIGPENDING`: signals queued to it at once (the host default is tens of
+/// thousands, each a kernel allocation).
+pub const SIGPENDING_RLIMIT: u64 = 1024;
 
 /// Mount options that matter for security.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -259,6 +304,10 @@ pub enum RlimitResource {
     /// Processes of the job's uid in its user namespace: the pids limit when no cgroup is
     /// available (degraded; per user namespace since Linux 5.14).
     Nproc,
+    /// Bytes of POSIX message queues.
+    Msgqueue,
+    /// Queued signals.
+    Sigpending,
 }
 
 /// Everything the init needs.
@@ -273,6 +322,17 @@ pub struct SandboxPlan {
     pub cgroup_procs: Vec<PathBuf>,
     /// The id mapping.
     pub ids: IdMapping,
+    /// The host uid and gid the helper switches to before it creates the user namespace,
+    /// which that uid then owns ([`IdMapping::namespace_owner`]); `None` rootless.
+    #[serde(default)]
+    pub namespace_owner: Option<u32>,
+    /// `/proc/sys/user/<name>` values of the job's user namespace ([`USER_NAMESPACE_LIMITS`]).
+    #[serde(default)]
+    pub user_namespace_limits: Vec<(String, u64)>,
+    /// Whether the init sets `vm.memfd_noexec = 2` in the job's pid namespace (root mode on
+    /// Linux 6.3+, where it is per pid namespace), so code written to a memfd cannot run.
+    #[serde(default)]
+    pub memfd_noexec: bool,
     /// Host path of the empty directory the new root's tmpfs is mounted on.
     pub new_root: PathBuf,
     /// Size of the new root's tmpfs (it holds only the synthesized `/etc` and mount points).
@@ -390,6 +450,53 @@ mod tests {
         assert_eq!(ids.uid_map(), "0 1879048192 65536\n");
         assert_eq!(ids.job_host_uid(), 1_879_048_192 + 65_534);
         assert!(!ids.deny_setgroups());
+        // Owners are mapped ids that are neither root nor the job, never a host id below the
+        // range or past it.
+        for slot in [
+            0,
+            1,
+            NAMESPACE_OWNER_SLOTS - 1,
+            NAMESPACE_OWNER_SLOTS,
+            u32::MAX,
+        ] {
+            let owner = ids.namespace_owner(slot).unwrap();
+            assert!(
+                owner > 1_879_048_192 && owner < ids.job_host_uid(),
+                "{slot}: {owner}"
+            );
+        }
+        assert_eq!(ids.namespace_owner(0), Some(1_879_048_193));
+        assert_eq!(
+            ids.namespace_owner(NAMESPACE_OWNER_SLOTS),
+            Some(1_879_048_193)
+        );
+    }
+
+    #[test]
+    fn every_user_namespace_limit_names_a_sysctl_of_this_kernel() {
+        // The init skips a name the kernel lacks (older kernels), so a misspelt name would be
+        // skipped silently: check each against this (recent) kernel.
+        let kernel = rustix::system::uname();
+        let release = kernel.release().to_string_lossy().into_owned();
+        let mut parts = release.split(|c: char| !c.is_ascii_digit());
+        let version = (
+            parts
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0),
+            parts
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0),
+        );
+        if version < (5, 13) {
+            eprintln!("Linux {release} predates max_fanotify_*; nothing to check");
+            return;
+        }
+        for (name, _) in USER_NAMESPACE_LIMITS {
+            let path = std::path::Path::new("/proc/sys/user").join(name);
+            assert!(path.exists(), "{} does not exist", path.display());
+        }
     }
 
     #[test]
@@ -401,6 +508,7 @@ mod tests {
         assert_eq!(ids.uid_map(), "65534 1000 1\n");
         assert_eq!(ids.gid_map(), "65534 1000 1\n");
         assert!(ids.deny_setgroups());
+        assert_eq!(ids.namespace_owner(7), None);
     }
 
     #[test]

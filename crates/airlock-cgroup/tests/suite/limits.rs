@@ -39,6 +39,12 @@ fn limits_are_written_to_the_real_cgroupfs() -> Result<()> {
             } else {
                 assert_eq!(read_job_file(m, &job, "memory", "memory.swappiness")?, "0");
             }
+            // TCP buffers are counted apart on v1, and only with a limit set (issue 19).
+            assert!(m.tcp_accounting(), "this kernel has memory.kmem.tcp.*");
+            assert_eq!(
+                read_job_file(m, &job, "memory", "memory.kmem.tcp.limit_in_bytes")?,
+                "67108864"
+            );
             assert_eq!(
                 read_job_file(m, &job, "cpu", "cpu.cfs_period_us")?,
                 "100000"
@@ -93,6 +99,8 @@ fn the_report_agrees_with_the_manager_on_swap_accounting() -> Result<()> {
         let r = h.report();
         let present = r.swap_accounting.presence == Presence::Present;
         assert_eq!(present, m.swap_accounting(), "{r}");
+        let tcp = r.tcp_accounting.presence == Presence::Present;
+        assert_eq!(tcp, m.tcp_accounting(), "{r}");
         return Ok(());
     }
     // v2: a process whose own cgroup does not have the memory controller enabled (its

@@ -1,6 +1,7 @@
 #[macro_use]
 pub mod common;
 mod basics;
+mod budgets;
 mod cleanup;
 mod doctor;
 mod images;
