@@ -144,6 +144,10 @@ impl Helper {
     }
 }
 
+/// The helper's `argv[0]`, which becomes the sandbox init's and is what a job reads in
+/// `/proc/1/cmdline`: a neutral name, not the host path of the airlock binary.
+const HELPER_ARGV0: &str = "init";
+
 enum StartError {
     /// Not started; the ordinary way may be tried.
     Unavailable(io::Error),
@@ -153,6 +157,7 @@ enum StartError {
 
 fn start_with_tokio(command: &HelperCommand<'_>) -> io::Result<Started> {
     let mut cmd = std::process::Command::new(command.program);
+    std::os::unix::process::CommandExt::arg0(&mut cmd, HELPER_ARGV0);
     cmd.args(command.args)
         .env_clear()
         .current_dir("/")
@@ -195,7 +200,7 @@ fn start_in_cgroup(command: &HelperCommand<'_>, dir: &Path) -> Result<Started, S
         CString::new(bytes).map_err(|_| failed(io::Error::other("a NUL byte in an argument")))
     };
     let program = c_string(command.program.as_os_str().as_bytes())?;
-    let mut argv = vec![program.clone()];
+    let mut argv = vec![c_string(HELPER_ARGV0.as_bytes())?];
     for arg in command.args {
         argv.push(c_string(arg.as_bytes())?);
     }

@@ -202,3 +202,16 @@ fn on_cgroup_v2_the_sandbox_is_created_inside_its_cgroup() {
     let cgroups = run.obs["stdout"].as_str().unwrap();
     assert!(cgroups.lines().all(|l| l.ends_with(":/")), "{cgroups}");
 }
+
+/// The sandbox's init is named neutrally: a job reading `/proc/1/cmdline` learns nothing of
+/// the host's layout (where the airlock binary lives).
+#[test]
+fn the_init_does_not_show_the_host_path_of_airlock() {
+    require_native!();
+    let env = TestEnv::new();
+    let run = env.run_json(&[
+        "-c",
+        "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())",
+    ]);
+    assert_eq!(run.obs["stdout"], "init\n", "{:#}", run.obs);
+}
