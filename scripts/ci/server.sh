@@ -36,7 +36,7 @@ SCHEMATHESIS_EXAMPLES="${SCHEMATHESIS_EXAMPLES:-40}"
 SCHEMATHESIS_MAX_TIME="${SCHEMATHESIS_MAX_TIME:-150}"
 # Exit status of a Python check that passed except for skipped checks (airlock_cases.SKIPPED).
 SKIPPED=3
-log() { printf '==> server.sh: %s\n' "$*" >&2; }
+log() { printf '==> server.sh %s: %s\n' "$(date +%T)" "$*" >&2; }
 
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/ci/server.sh: run as root (the native sandbox needs it)" >&2
@@ -136,16 +136,17 @@ wanted() { # NAME: false (and the check recorded as skipped) when AIRLOCK_CI_SKI
   esac
 }
 run_check() { # NAME CMD...: in the foreground, output as it comes (CMD may be a function)
-  local name=$1 rc=0
+  local name=$1
   shift
   wanted "$name" || return 0
   log "check $name"
+  # The exit status goes through a file: the pipeline's left side is a subshell.
   if declare -F "$1" >/dev/null; then
-    "$@" || rc=$?
+    { local rc=0; "$@" 2>&1 || rc=$?; echo "$rc" >"$work/logs/$name.rc"; } | tee "$work/logs/$name.log" >&2
   else
-    timeout 600 "$@" || rc=$?
+    { local rc=0; timeout 600 "$@" 2>&1 || rc=$?; echo "$rc" >"$work/logs/$name.rc"; } | tee "$work/logs/$name.log" >&2
   fi
-  record "$name" "$rc"
+  record "$name" "$(cat "$work/logs/$name.rc")"
 }
 group=()
 spawn_check() { # NAME CMD...: in the background, output to its log; see wait_checks
@@ -340,7 +341,17 @@ servers=()
 
 # --- Summary --------------------------------------------------------------------------------
 log "summary"
-printf '  %s\n' "${results[@]}" >&2
+for result in "${results[@]}"; do
+  printf '  %s\n' "$result" >&2
+  # Under each failed check, the checks of it that failed (its log has the whole story).
+  if [[ "$result" == FAIL* ]]; then
+    name="${result#FAIL  }"
+    name="${name%% *}"
+    if [ -f "$work/logs/$name.log" ]; then
+      grep -E '^(FAIL|SKIP)' "$work/logs/$name.log" | cut -c1-240 | head -40 | sed 's/^/        /' >&2 || true
+    fi
+  fi
+done
 if [ "${AIRLOCK_REQUIRE_ALL:-}" = 1 ] && [ "$skipped" -gt 0 ]; then
   log "FAILED: $skipped check(s) skipped and AIRLOCK_REQUIRE_ALL=1"
   exit 1

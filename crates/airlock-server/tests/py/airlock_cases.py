@@ -140,6 +140,8 @@ class Report:
             check_case(name, obs_or_exc)
         except CaseFailure as e:
             return self.ok(False, f"{name}: {e}")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field missing or of the wrong type
+            return self.ok(False, f"{name}: {type(e).__name__} {e}; observation: {json.dumps(obs_or_exc)[:1500]}")
         return self.ok(True, name)
 
     def skip(self, what):

@@ -532,11 +532,6 @@ def tool_schema(base, token, report):
                       + ("" if converted == parameters else f" (it becomes {json.dumps(converted)[:400]})"))
         except Exception as e:
             report.ok(False, f"tool-schema {fmt}: ensure_strict_json_schema raises {type(e).__name__}: {e}")
-    status, default = http_json("GET", f"{base}/v1/tool-schema", token, None)
-    status_chat, chat = http_json("GET", f"{base}/v1/tool-schema?format=chat", token, None)
-    report.ok(status == 200 and default == chat, "tool-schema: the default is the chat shape")
-    status, _ = http_json("GET", f"{base}/v1/tool-schema?format=nonsense", token, None)
-    report.ok(status == 400, f"tool-schema: an unknown format is 400 ({status})")
 
 
 # ---------------------------------------------------------------------------------------
