@@ -227,28 +227,21 @@ token_check() {
   local tenant token
   for tenant in ci ci-second; do
     "$AIRLOCK_BIN" token new --tenant "$tenant" --tokens-file "$tokens" >"$work/token-$tenant.txt" ||
-      { echo "airlock token new --tokens-file failed" >&2; return 1; }
+      { echo "FAIL: airlock token new --tenant $tenant --tokens-file FILE failed" >&2; return 1; }
     token="$(cat "$work/token-$tenant.txt")"
     if [ "$(wc -l <"$work/token-$tenant.txt")" != 1 ] || ! [[ "$token" =~ ^alk_[A-Za-z0-9_-]{20,}$ ]]; then
-      echo "airlock token new --tokens-file printed more than the token:" >&2
+      echo "FAIL: airlock token new --tokens-file printed more than the token:" >&2
       cat "$work/token-$tenant.txt" >&2
       return 1
     fi
     grep -q "^\[tenants\.\"\?$tenant\"\?\]" "$tokens" ||
-      { echo "$tokens has no [tenants.$tenant] table:" >&2; cat "$tokens" >&2; return 1; }
+      { echo "FAIL: $tokens has no [tenants.$tenant] table:" >&2; cat "$tokens" >&2; return 1; }
   done
-  [ "$(stat -c %a "$tokens")" = 600 ] || { echo "$tokens has mode $(stat -c %a "$tokens"), not 600" >&2; return 1; }
-  ! grep -qF "$(cat "$work/token-ci.txt")" "$tokens" || { echo "$tokens holds the token itself" >&2; return 1; }
+  [ "$(stat -c %a "$tokens")" = 600 ] || { echo "FAIL: $tokens has mode $(stat -c %a "$tokens"), not 600" >&2; return 1; }
+  ! grep -qF "$(cat "$work/token-ci.txt")" "$tokens" || { echo "FAIL: $tokens holds the token itself" >&2; return 1; }
 }
-token_rc=0
-if wanted token-new-tokens-file; then
-  log "check token-new-tokens-file"
-  token_check || token_rc=$?
-  record token-new-tokens-file "$token_rc"
-else
-  token_rc=1
-fi
-if [ "$token_rc" = 0 ]; then
+run_check token-new-tokens-file token_check
+if [ "$(cat "$work/logs/token-new-tokens-file.rc" 2>/dev/null)" = 0 ]; then
   token="$(cat "$work/token-ci.txt")"
   token_second="$(cat "$work/token-ci-second.txt")"
 else
@@ -315,7 +308,7 @@ schemathesis_run() {
     tail -20 "$work/schemathesis.log" >&2
   else
     tail -80 "$work/schemathesis.log" >&2
-    echo "schemathesis found failures" >&2
+    echo "FAIL: schemathesis found failures" >&2
     return 1
   fi
 }
@@ -328,7 +321,7 @@ tokens_not_logged() {
   local log_file
   for log_file in "$work/serve.log" "$work/serve-one-slot.log"; do
     if grep -qF -e "$token" -e "$token_second" "$log_file"; then
-      echo "a bearer token appears in $log_file" >&2
+      echo "FAIL: a bearer token appears in $log_file" >&2
       return 1
     fi
   done
