@@ -12,7 +12,6 @@ runs that end `exited`, `timeout` and `oom`, and requests refused as invalid_inp
 generated typed models without raising, with the right outcome or error kind.
 """
 import importlib
-import json
 import os
 import subprocess
 import sys
