@@ -7,6 +7,9 @@ Imported by the per-framework checks; needs only the standard library.
 import base64
 import hashlib
 import json
+import os
+import urllib.error
+import urllib.request
 
 # The built-in policy's limits these cases lean on (policy/default.toml).
 POLICY_WALL_TIME_S = 5
@@ -88,12 +91,39 @@ def observation_from_text(text):
     return json.loads(text)
 
 
+# The exit status of a check that passed except for skipped checks (scripts/ci/server.sh
+# reports it as skipped, not passed).
+SKIPPED = 3
+
+
+def http_json(method, url, token, body, timeout=30):
+    """(status, decoded JSON body or the raw text) of one request; never raises on a status."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
 class Report:
-    """Collects pass/fail per check so one run shows every failure, not only the first."""
+    """Collects pass/fail per check so one run shows every failure, not only the first.
+
+    A skipped check is never a pass: it is listed at the end, and with
+    AIRLOCK_REQUIRE_ALL=1 it fails the run."""
 
     def __init__(self, label):
         self.label = label
         self.failures = []
+        self.skips = []
 
     def ok(self, condition, what):
         if condition:
@@ -110,9 +140,24 @@ class Report:
             check_case(name, obs_or_exc)
         except CaseFailure as e:
             return self.ok(False, f"{name}: {e}")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field missing or of the wrong type
+            return self.ok(False, f"{name}: {type(e).__name__} {e}; observation: {json.dumps(obs_or_exc)[:1500]}")
         return self.ok(True, name)
 
+    def skip(self, what):
+        print(f"SKIP: {self.label}: {what}", flush=True)
+        self.skips.append(what)
+
     def finish(self):
-        if self.failures:
-            raise SystemExit(f"FAIL: {self.label}: {len(self.failures)} check(s) failed")
+        require_all = os.environ.get("AIRLOCK_REQUIRE_ALL") == "1"
+        if require_all:
+            for what in self.skips:
+                print(f"FAIL: {self.label}: skipped with AIRLOCK_REQUIRE_ALL=1: {what}", flush=True)
+        failed = len(self.failures) + (len(self.skips) if require_all else 0)
+        if failed:
+            raise SystemExit(f"FAIL: {self.label}: {failed} check(s) failed")
+        if self.skips:
+            # Not a pass: exit status SKIPPED tells scripts/ci/server.sh so.
+            print(f"SKIPPED: {self.label}: {len(self.skips)} check(s) skipped, the rest passed", flush=True)
+            raise SystemExit(SKIPPED)
         print(f"PASS: {self.label}", flush=True)

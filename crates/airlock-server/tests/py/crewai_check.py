@@ -6,8 +6,9 @@ Usage:
   crewai_check.py http URL TOKEN        MCPServerAdapter({"url": URL, "transport": "streamable-http"})
 
 Calls run_code the way CrewAI's ToolUsage does: the structured tool's invoke(input=...),
-which validates the arguments through the adapter's pydantic model and so sends every
-optional argument the caller left out as null.
+which validates the arguments through the adapter's pydantic model (built from the MCP
+inputSchema) and so sends every optional argument the caller left out as null. The
+arguments are what a model following that schema sends (model_arguments).
 """
 import os
 import sys
@@ -18,22 +19,33 @@ from mcp import StdioServerParameters
 from airlock_cases import CASES, Report, observation_from_text
 
 
+def model_arguments(schema, arguments):
+    """What a model following the tool's schema sends: the case's arguments, plus null for
+    every property the schema marks required that the case leaves out (a strict schema
+    requires them all, optional ones nullable)."""
+    sent = {name: None for name in schema.get("required", []) if name not in arguments}
+    sent.update(arguments)
+    return sent
+
+
 def exercise(tools, report):
     report.ok([t.name for t in tools] == ["run_code"], f"the adapter loads one tool, run_code ({[t.name for t in tools]})")
     tool = next(t for t in tools if t.name == "run_code")
     structured = tool.to_structured_tool()
-    # A model that names only `code` must get through CrewAI's own validation (the MCP
-    # inputSchema may make optional arguments nullable, not required), which then sends
-    # the others as null.
+    schema = tool.args_schema.model_json_schema()
+    # A model's smallest call (code, and null for whatever else the schema requires) must
+    # get through CrewAI's own validation, which then sends every other optional argument
+    # as null.
     try:
-        dumped = tool.args_schema.model_validate({"code": "1"}).model_dump()
+        smallest = model_arguments(schema, {"code": "1"})
+        dumped = tool.args_schema.model_validate(smallest).model_dump()
         report.ok(all(dumped[k] is None for k in dumped if k != "code"),
-                  f"CrewAI accepts code alone and fills the optional arguments with null ({dumped})")
+                  f"CrewAI accepts code alone (the rest null: {sorted(smallest)}) and sends the optional arguments as null ({dumped})")
     except Exception as e:
         report.ok(False, f"CrewAI's argument model refuses a call with only code: {str(e).splitlines()[:3]}")
     for name, arguments in CASES.items():
         try:
-            text = structured.invoke(input=dict(arguments))
+            text = structured.invoke(input=model_arguments(schema, dict(arguments)))
             report.case(name, observation_from_text(text))
         except Exception as e:
             report.case(name, e)
