@@ -3,6 +3,7 @@ pub mod common;
 mod basics;
 mod cleanup;
 mod doctor;
+mod floods;
 mod images;
 mod limits;
 mod out;
