@@ -4,6 +4,7 @@ mod basics;
 mod cleanup;
 mod doctor;
 mod floods;
+mod hostile;
 mod images;
 mod limits;
 mod out;
