@@ -38,3 +38,61 @@ conformance! {
         assert_eq!(run.obs["stdout"], "c 1 b 1 fifo made\n");
     }
 }
+
+/// The shape of /dev: checked where every backend's answer is known (kube's nodes give
+/// their runtime's /dev).
+mod dev {
+    use pretty_assertions::assert_eq;
+
+    use super::super::common::Target;
+
+    /// Every character and block device under /dev (links not followed), as `PATH cMAJ:MIN`,
+    /// then whether /dev/fuse and /dev/net/tun open for reading and writing.
+    const DEV_DEVICES: &str = "import os, stat\n\
+                               found = []\n\
+                               for root, dirs, files in os.walk('/dev'):\n\
+                               \x20   for name in dirs + files:\n\
+                               \x20       path = os.path.join(root, name)\n\
+                               \x20       st = os.lstat(path)\n\
+                               \x20       if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):\n\
+                               \x20           kind = 'c' if stat.S_ISCHR(st.st_mode) else 'b'\n\
+                               \x20           found.append('%s %s%d:%d' % (path, kind, os.major(st.st_rdev), os.minor(st.st_rdev)))\n\
+                               print(' '.join(sorted(found)))\n\
+                               for path in ('/dev/fuse', '/dev/net/tun'):\n\
+                               \x20   try:\n\
+                               \x20       os.close(os.open(path, os.O_RDWR))\n\
+                               \x20       print(path, 'opened')\n\
+                               \x20   except OSError:\n\
+                               \x20       print(path, 'refused')";
+
+    /// The devices of the native backend's /dev.
+    const MINIMAL_DEVICES: [&str; 5] = [
+        "/dev/full c1:7",
+        "/dev/null c1:3",
+        "/dev/random c1:8",
+        "/dev/urandom c1:9",
+        "/dev/zero c1:5",
+    ];
+    /// What containers have besides: the runtime's /dev/tty (the alias of the controlling
+    /// terminal; a job has none, so it opens nothing) and the devpts instance's ptmx, for
+    /// openpty.
+    const CONTAINER_TERMINAL_DEVICES: [&str; 2] = ["/dev/pts/ptmx c5:2", "/dev/tty c5:0"];
+
+    conformance_on! {
+        [native: Native, warm: Warm, docker: Docker, gvisor: Gvisor, podman: Podman]
+
+        fn dev_holds_only_the_minimal_devices(t: &Target) {
+            let run = t.run(&["-c", DEV_DEVICES]);
+            assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+            let mut expected = MINIMAL_DEVICES.to_vec();
+            if t.kind.is_container() {
+                expected.extend(CONTAINER_TERMINAL_DEVICES);
+            }
+            expected.sort_unstable();
+            assert_eq!(
+                run.obs["stdout"],
+                format!("{}\n/dev/fuse refused\n/dev/net/tun refused\n", expected.join(" ")),
+            );
+        }
+    }
+}
