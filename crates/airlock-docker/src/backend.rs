@@ -313,6 +313,11 @@ impl DockerBackend {
         };
         let jobdir = JobDir::create(&self.runtime_dir, job, &ids).map_err(DockerError::JobDir)?;
         let jobdir_path = self.runtime_dir.path().join(job.id.as_str());
+        let empty_file = jobdir_path.join(EMPTY_FILE_NAME);
+        create_empty_file(&empty_file).map_err(|source| DockerError::EmptyFile {
+            path: empty_file.clone(),
+            source,
+        })?;
         let out = if job.filesystem.out.enabled {
             Some(OutMount::mount(
                 &jobdir_path.join("out"),
@@ -343,6 +348,7 @@ impl DockerBackend {
                 &ready.docker,
                 &image,
                 &jobdir.work(),
+                &empty_file,
                 out.as_ref(),
                 &name,
             )
@@ -410,6 +416,7 @@ impl DockerBackend {
         docker: &Docker,
         image: &CheckedImage,
         workdir: &std::path::Path,
+        empty_file: &std::path::Path,
         out: Option<&OutMount>,
         name: &str,
     ) -> Result<RunReport, DockerError> {
@@ -430,6 +437,7 @@ impl DockerBackend {
                 runtime: self.config.runtime.as_deref(),
                 boot_id: &self.boot_id,
                 seccomp_profile: &self.seccomp_profile,
+                empty_file,
                 nproc_ceiling: self.nproc_ceiling,
                 proxy_port: (job.network == NetworkMode::Proxy)
                     .then_some(airlock_core::job::PROXY_PORT),
@@ -644,6 +652,21 @@ impl DockerBackend {
             },
         })
     }
+}
+
+/// The empty read-only file in each job directory that hides device nodes
+/// ([`spec::GVISOR_HIDDEN_DEVICE_NODES`]).
+const EMPTY_FILE_NAME: &str = "empty";
+
+/// Creates an empty file nobody may write (mode 0444).
+fn create_empty_file(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(path)
+        .map(drop)
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
