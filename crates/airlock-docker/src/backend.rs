@@ -313,6 +313,11 @@ impl DockerBackend {
         };
         let jobdir = JobDir::create(&self.runtime_dir, job, &ids).map_err(DockerError::JobDir)?;
         let jobdir_path = self.runtime_dir.path().join(job.id.as_str());
+        let empty_file = jobdir_path.join(EMPTY_FILE_NAME);
+        create_empty_file(&empty_file).map_err(|source| DockerError::EmptyFile {
+            path: empty_file.clone(),
+            source,
+        })?;
         let out = if job.filesystem.out.enabled {
             Some(OutMount::mount(
                 &jobdir_path.join("out"),
@@ -343,6 +348,7 @@ impl DockerBackend {
                 &ready.docker,
                 &image,
                 &jobdir.work(),
+                &empty_file,
                 out.as_ref(),
                 &name,
             )
@@ -410,6 +416,7 @@ impl DockerBackend {
         docker: &Docker,
         image: &CheckedImage,
         workdir: &std::path::Path,
+        empty_file: &std::path::Path,
         out: Option<&OutMount>,
         name: &str,
     ) -> Result<RunReport, DockerError> {
@@ -430,6 +437,7 @@ impl DockerBackend {
                 runtime: self.config.runtime.as_deref(),
                 boot_id: &self.boot_id,
                 seccomp_profile: &self.seccomp_profile,
+                empty_file,
                 nproc_ceiling: self.nproc_ceiling,
                 proxy_port: (job.network == NetworkMode::Proxy)
                     .then_some(airlock_core::job::PROXY_PORT),
@@ -499,15 +507,19 @@ impl DockerBackend {
         if let Some(bytes) = &job.stdin {
             stdin_bytes.extend_from_slice(bytes);
         }
-        if stdin_bytes.is_empty() {
+        // The writer holds the attach connection's write half: a job that never reads its
+        // input would keep the connection (and the daemon's delivery of its output to it)
+        // open past this job, so it ends with the job.
+        let _stdin_writer = if stdin_bytes.is_empty() {
             drop(input);
+            None
         } else {
-            tokio::spawn(async move {
+            Some(AbortOnDrop(tokio::spawn(async move {
                 // The job may exit without reading its input.
                 let _ = input.write_all(&stdin_bytes).await;
                 let _ = input.shutdown().await;
-            });
-        }
+            })))
+        };
 
         let mut wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
             name,
@@ -528,6 +540,10 @@ impl DockerBackend {
         let mut killed_at: Option<Instant> = None;
         let mut output_done = false;
         let mut kill_deadline: Option<tokio::time::Instant> = None;
+        // The kill request, polled as a branch of its own: the daemon may not answer it
+        // until it has delivered the output the job wrote meanwhile, so the output must be
+        // read (and discarded past the caps) while it is pending, never awaited inline.
+        let mut kill_request: Option<KillRequest<'_>> = None;
         let mut drain_deadline: Option<tokio::time::Instant> = None;
         let far = deadline + Duration::from_secs(365 * 24 * 3600);
 
@@ -548,11 +564,14 @@ impl DockerBackend {
                                 tap(kind, &bytes[..bytes.len().min(room)]);
                             }
                         }
+                        // Past the caps only counted, so draining a killed job's backlog
+                        // costs no memory.
                         capture.push(&bytes);
                         if limit_hit.is_none() && stdout.total().saturating_add(stderr.total()) > flood {
                             limit_hit = Some(LimitHit::OutputFlood);
                             killed_at = Some(Instant::now());
-                            kill_deadline = Some(kill(docker, name).await);
+                            kill_deadline = Some(tokio::time::Instant::now() + KILL_GRACE);
+                            kill_request = Some(Box::pin(kill(docker, name)));
                         }
                     }
                     Some(Err(e)) => {
@@ -570,7 +589,11 @@ impl DockerBackend {
                 _ = tokio::time::sleep_until(deadline), if limit_hit.is_none() && exited.is_none() => {
                     limit_hit = Some(LimitHit::Timeout);
                     killed_at = Some(Instant::now());
-                    kill_deadline = Some(kill(docker, name).await);
+                    kill_deadline = Some(tokio::time::Instant::now() + KILL_GRACE);
+                    kill_request = Some(Box::pin(kill(docker, name)));
+                }
+                () = finish(&mut kill_request), if kill_request.is_some() => {
+                    kill_request = None;
                 }
                 _ = tokio::time::sleep_until(kill_deadline.unwrap_or(far)), if kill_deadline.is_some() && exited.is_none() => {
                     tracing::warn!(job_id = %job.id, "container still running after SIGKILL; removing it");
@@ -631,6 +654,21 @@ impl DockerBackend {
     }
 }
 
+/// The empty read-only file in each job directory that hides device nodes
+/// ([`spec::GVISOR_HIDDEN_DEVICE_NODES`]).
+const EMPTY_FILE_NAME: &str = "empty";
+
+/// Creates an empty file nobody may write (mode 0444).
+fn create_empty_file(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(path)
+        .map(drop)
+}
+
 /// Writes `bytes` to `path` through a temporary file and a rename.
 fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
@@ -646,8 +684,11 @@ fn pid_max() -> i64 {
         .unwrap_or(32768)
 }
 
-/// Kills the container with SIGKILL; returns when to give up waiting for it to stop.
-async fn kill(docker: &Docker, name: &str) -> tokio::time::Instant {
+/// A pending kill request.
+type KillRequest<'a> = Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
+/// Kills the container with SIGKILL. Whether it stopped is the wait stream's to say.
+async fn kill(docker: &Docker, name: &str) {
     let options = KillContainerOptions {
         signal: "SIGKILL".to_owned(),
     };
@@ -655,7 +696,22 @@ async fn kill(docker: &Docker, name: &str) -> tokio::time::Instant {
         // 409: it stopped by itself meanwhile.
         tracing::debug!(container = %name, error = %e, "kill");
     }
-    tokio::time::Instant::now() + KILL_GRACE
+}
+
+/// Runs the request in `slot` to its end (`slot` is `Some`: the branch is guarded).
+async fn finish(slot: &mut Option<KillRequest<'_>>) {
+    if let Some(request) = slot {
+        request.await;
+    }
+}
+
+/// A task aborted when its handle is dropped: with the job's future, whoever drops it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The next item of a stream.

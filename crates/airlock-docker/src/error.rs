@@ -163,6 +163,14 @@ pub enum DockerError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The empty file hiding device nodes could not be made in the job directory.
+    #[error("create the empty file {path}")]
+    EmptyFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A task of the backend failed.
     #[error("{0}")]
     Task(String),
@@ -189,6 +197,7 @@ impl DockerError {
             | DockerError::Deadline { .. }
             | DockerError::Seccomp(_)
             | DockerError::WriteProfile { .. }
+            | DockerError::EmptyFile { .. }
             | DockerError::Task(_)
             | DockerError::Proxy { .. } => ErrorKind::Internal,
         }

@@ -21,6 +21,11 @@ const EPERM: i64 = 1;
 const IP_SOCKET_TYPES: [u64; 2] = [1, 2];
 /// The mask that strips `SOCK_NONBLOCK` and `SOCK_CLOEXEC` from a socket type.
 const SOCKET_TYPE_MASK: u64 = 0xf;
+/// `S_IFMT`: the file type bits of a `mknod` mode.
+const FILE_TYPE_MASK: u64 = 0o170000;
+/// The file types a job may `mknod`: a regular file (type 0 or `S_IFREG`), a FIFO and a
+/// unix socket. Devices (`S_IFCHR`, `S_IFBLK`) are on the denylist.
+const MKNOD_FILE_TYPES: [u64; 4] = [0, 0o100000, 0o010000, 0o140000];
 
 /// Why the policy cannot be rendered.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +145,21 @@ pub fn docker_profile(policy_json: &str, allow_clone3: bool) -> Result<String, P
                     entries.push(json!({"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": render_args(&rule.args)}));
                 }
             }
+            // mknod, mknodat: allowed only for the file types that are not devices; the
+            // denylist's device rules are rendered below as EPERM.
+            ("mknod" | "mknodat", true) if rule.args.is_empty() => {
+                let mode_index = deny
+                    .iter()
+                    .filter(|d| d.syscall == rule.syscall)
+                    .flat_map(|d| d.args.iter())
+                    .find(|c| c.mask == Some(FILE_TYPE_MASK))
+                    .map(|c| c.index)
+                    .ok_or_else(|| ProfileError::Overlap(rule.syscall.clone()))?;
+                for typ in MKNOD_FILE_TYPES {
+                    entries.push(json!({"names": [rule.syscall], "action": "SCMP_ACT_ALLOW",
+                        "args": render_args(&[Cond { index: mode_index, mask: Some(FILE_TYPE_MASK), value: typ }])}));
+                }
+            }
             // ioctl: allowed; the denylist's TIOCSTI/TIOCLINUX need a terminal, and a
             // container job has none (no TTY is ever allocated).
             ("ioctl", true) if rule.args.is_empty() => unconditional.push("ioctl".to_owned()),
@@ -150,7 +170,7 @@ pub fn docker_profile(policy_json: &str, allow_clone3: bool) -> Result<String, P
     for rule in &deny {
         match rule.syscall.as_str() {
             "ioctl" => {}
-            "clone" | "socket" => entries
+            "clone" | "socket" | "mknod" | "mknodat" => entries
                 .push(json!({"names": [rule.syscall], "action": "SCMP_ACT_ERRNO",
                 "errnoRet": EPERM, "args": render_args(&rule.args)})),
             _ if rule.args.is_empty() => denied_unconditional.push(rule.syscall.clone()),
@@ -214,6 +234,8 @@ mod tests {
             "bpf",
             "keyctl",
             "io_uring_setup",
+            "io_setup",
+            "io_submit",
             "unshare",
             "setns",
         ] {
@@ -255,6 +277,36 @@ mod tests {
             inet.iter()
                 .all(|r| r["args"][1]["op"] == "SCMP_CMP_MASKED_EQ")
         );
+    }
+
+    #[test]
+    fn mknod_of_devices_is_refused_and_fifos_are_allowed() {
+        let p = profile();
+        for (name, index) in [("mknod", 1), ("mknodat", 2)] {
+            let rules = actions_for(&p, name);
+            let denied: Vec<&Value> = rules
+                .iter()
+                .filter(|r| r["action"] == "SCMP_ACT_ERRNO")
+                .collect();
+            let mut denied_types: Vec<u64> = denied
+                .iter()
+                .map(|r| r["args"][0]["valueTwo"].as_u64().unwrap())
+                .collect();
+            denied_types.sort();
+            assert_eq!(denied_types, [0o020000, 0o060000], "{name}: {rules:?}");
+            assert!(
+                denied
+                    .iter()
+                    .all(|r| r["errnoRet"] == 1 && r["args"][0]["index"] == index)
+            );
+            let allowed: Vec<u64> = rules
+                .iter()
+                .filter(|r| r["action"] == "SCMP_ACT_ALLOW")
+                .map(|r| r["args"][0]["valueTwo"].as_u64().unwrap())
+                .collect();
+            assert!(allowed.contains(&0o010000), "{name}: FIFOs allowed");
+            assert!(!allowed.contains(&0o020000) && !allowed.contains(&0o060000));
+        }
     }
 
     #[test]

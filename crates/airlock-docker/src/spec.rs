@@ -45,6 +45,17 @@ pub const ENV_WRAPPER: &str = "/usr/bin/env";
 pub const GVISOR_HOST_TASKS_PER_TASK: i64 = 16;
 /// gVisor: host tasks of the sandbox itself, on top of the per-task allowance.
 pub const GVISOR_HOST_TASKS_BASE: i64 = 256;
+/// gVisor: device nodes its kernel puts in every container's `/dev` beyond the native
+/// backend's minimal set (null, zero, full, random, urandom), each hidden under a bind of
+/// an empty read-only file. runsc builds `/dev` itself: the OCI spec's device list does
+/// not shape it and its masked paths are ignored (runsc 2022-12), and it has no flag to
+/// leave these out.
+pub const GVISOR_HIDDEN_DEVICE_NODES: [&str; 1] = ["/dev/fuse"];
+/// gVisor: directories of its `/dev` hidden under an empty read-only tmpfs (`/dev/net`
+/// holds `tun`).
+pub const GVISOR_HIDDEN_DEVICE_DIRS: [&str; 1] = ["/dev/net"];
+/// The options of the empty read-only tmpfs laid over paths the job must not see.
+pub const EMPTY_TMPFS: &str = "ro,noexec,nosuid,nodev,size=4k";
 
 /// What [`container_body`] needs besides the job.
 #[derive(Debug, Clone)]
@@ -66,6 +77,9 @@ pub struct ContainerPlan<'a> {
     pub seccomp_profile: &'a str,
     /// Proxy mode: the port the egress proxy listens on inside the container.
     pub proxy_port: Option<u16>,
+    /// An empty file the job may not write, bound read-only over the device nodes to hide
+    /// ([`GVISOR_HIDDEN_DEVICE_NODES`]).
+    pub empty_file: &'a Path,
     /// Podman: RLIMIT_NPROC to set explicitly. Rootful Podman otherwise asks for a default
     /// above its own hard limit, which runc cannot set once every capability is dropped.
     /// The job's real process limit is the pids cgroup.
@@ -174,12 +188,24 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
         "/tmp".to_owned(),
         format!("rw,noexec,nosuid,nodev,size={tmp_bytes}"),
     )]);
-    if plan.flavor == Flavor::Podman {
-        // Podman's --read-only adds writable tmpfs at /run and /var/tmp; the Engine API has
-        // no switch for that, so they are replaced by empty read-only ones.
-        for path in ["/run", "/var/tmp"] {
-            tmpfs.insert(path.to_owned(), "ro,noexec,nosuid,nodev,size=4k".to_owned());
+    match plan.flavor {
+        Flavor::Podman => {
+            // Podman's --read-only adds writable tmpfs at /run and /var/tmp; the Engine API
+            // has no switch for that, so they are replaced by empty read-only ones.
+            for path in ["/run", "/var/tmp"] {
+                tmpfs.insert(path.to_owned(), EMPTY_TMPFS.to_owned());
+            }
         }
+        Flavor::Gvisor => {
+            // The same /dev as native: gVisor's own FUSE and TUN devices hidden.
+            for path in GVISOR_HIDDEN_DEVICE_DIRS {
+                tmpfs.insert(path.to_owned(), EMPTY_TMPFS.to_owned());
+            }
+            for path in GVISOR_HIDDEN_DEVICE_NODES {
+                binds.push(format!("{}:{path}:ro", plan.empty_file.display()));
+            }
+        }
+        Flavor::Docker => {}
     }
     // Proxy mode always attaches stdin: the gate's line comes that way.
     let has_stdin = job.stdin.is_some() || plan.proxy_port.is_some();
@@ -260,6 +286,7 @@ mod tests {
             runtime: Some("runc"),
             boot_id: "boot",
             seccomp_profile: "{}",
+            empty_file: Path::new("/run/airlock-docker/j/empty"),
             nproc_ceiling: Some(32768),
             proxy_port: None,
         }
@@ -376,6 +403,28 @@ mod tests {
             .unwrap();
         assert_eq!((nproc.soft, nproc.hard), (Some(64), Some(64)));
         assert_eq!(host.pids_limit, Some(64 * 16 + 256));
+    }
+
+    #[test]
+    fn gvisor_hides_its_fuse_and_tun_devices() {
+        let job = job(&Policy::builtin());
+        let host = container_body(&job, &plan(Flavor::Gvisor))
+            .host_config
+            .unwrap();
+        assert_eq!(
+            host.binds.unwrap(),
+            vec![
+                "/run/airlock-docker/j/work:/work:ro".to_owned(),
+                "/run/airlock-docker/j/empty:/dev/fuse:ro".to_owned()
+            ]
+        );
+        assert_eq!(host.tmpfs.unwrap()["/dev/net"], EMPTY_TMPFS);
+        // runc and crun build /dev from the spec's device list, which has neither.
+        for flavor in [Flavor::Docker, Flavor::Podman] {
+            let host = container_body(&job, &plan(flavor)).host_config.unwrap();
+            assert!(!host.binds.unwrap().iter().any(|b| b.contains("/dev/")));
+            assert!(!host.tmpfs.unwrap().contains_key("/dev/net"));
+        }
     }
 
     #[test]

@@ -4,6 +4,8 @@ mod basics;
 mod budgets;
 mod cleanup;
 mod doctor;
+mod floods;
+mod hostile;
 mod images;
 mod limits;
 mod out;
