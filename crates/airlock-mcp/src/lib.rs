@@ -3,7 +3,9 @@
 //! (`airlock mcp`) or as a service the HTTP server mounts at `/mcp` (streamable HTTP).
 //! It turns tool calls into jobs and hands them to an [`Executor`]; it must not run jobs
 //! itself, decide admission or authentication (the executor and the HTTP server do), or
-//! write anything but MCP messages to stdout.
+//! write anything but MCP messages to stdout. A call the client gives up on (cancelled,
+//! timed out, disconnected, stdin closed) drops its job's future, which the executor
+//! turns into a kill: an abandoned call never keeps its slot.
 #![forbid(unsafe_code)]
 
 pub mod error;
@@ -11,15 +13,18 @@ pub mod tool;
 
 use std::sync::Arc;
 
-use airlock_core::{BoxFuture, ErrorKind, JobRequest, Observation, Policy};
+use airlock_core::units::format_duration;
+use airlock_core::{BoxFuture, ErrorKind, JobRequest, JobResult, Observation, Policy};
 use airlock_engine::Engine;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
 
 pub use error::McpError;
 pub use tool::{RunCodeFile, RunCodeParams, TOOL_NAME};
@@ -34,9 +39,45 @@ pub trait Executor: Send + Sync + 'static {
     /// The policy jobs of `tenant` run under (for the tool's description and schema).
     fn policy(&self, tenant: Option<&str>) -> Arc<Policy>;
 
-    /// Runs one job and returns its observation (an `error` observation when it could not
-    /// run, including when the executor is busy or shutting down).
-    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, Observation>;
+    /// Runs one job and returns its result: the observation (an `error` observation when
+    /// it could not run, including when the executor is busy or shutting down) and the
+    /// files it released from `/out`, which the tool inlines when the call asks for them.
+    ///
+    /// Dropping the future must kill the job, free its slot and still audit it: that is
+    /// how a cancelled or abandoned call ends its job.
+    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult>;
+}
+
+/// A result that is only an observation (a job that never ran has no files).
+pub fn observation_only(observation: Observation) -> JobResult {
+    JobResult {
+        observation,
+        files: Vec::new(),
+        connections: Vec::new(),
+    }
+}
+
+/// The tool as `tools/list` shows it under `policy`: the description, the closed
+/// `inputSchema` and the observation as `outputSchema` (standalone, no references).
+pub fn tool_for(policy: &Policy) -> Tool {
+    let output_schema = match airlock_core::schema::observation_schema() {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    Tool::new(
+        TOOL_NAME,
+        tool::description(policy),
+        tool::input_schema(policy),
+    )
+    .with_raw_output_schema(Arc::new(output_schema))
+}
+
+/// How long an MCP client should wait for a `run_code` call under `policy` before giving
+/// up: the wall-time limit plus [`tool::CALL_SETUP_ALLOWANCE`] for sandbox setup and
+/// teardown. A shorter client timeout turns a job that runs to its limit into a client
+/// error instead of the `timeout` observation.
+pub fn client_timeout(policy: &Policy) -> std::time::Duration {
+    policy.limits.timeout + tool::CALL_SETUP_ALLOWANCE
 }
 
 /// The MCP server: a handler with one tool.
@@ -59,30 +100,49 @@ impl RunCodeServer {
 
     /// The tool as `tools/list` shows it to `tenant`.
     pub fn tool(&self, tenant: Option<&str>) -> Tool {
-        let policy = self.executor.policy(tenant);
-        Tool::new(
-            TOOL_NAME,
-            tool::description(&policy),
-            tool::input_schema(&policy),
-        )
+        tool_for(&self.executor.policy(tenant))
     }
 
-    /// Runs one call's arguments as a job and shapes the result.
+    /// Runs one call's arguments as a job and shapes the result; with `return_files`, the
+    /// files released from `/out` come back inline within the policy's cap.
     pub async fn call(&self, arguments: Option<Value>, tenant: Option<String>) -> CallToolResult {
+        let policy = self.executor.policy(tenant.as_deref());
         let params: Result<RunCodeParams, _> =
             serde_json::from_value(arguments.unwrap_or(Value::Object(Default::default())));
-        let request = match params {
-            Ok(params) => params.into_request(&self.executor.policy(tenant.as_deref())),
-            Err(e) => Err((ErrorKind::InvalidInput, format!("arguments: {e}"))),
+        let (request, return_files) = match params {
+            Ok(params) => {
+                let return_files = params.return_files;
+                (params.into_request(&policy), return_files)
+            }
+            Err(e) => (
+                Err((ErrorKind::InvalidInput, format!("arguments: {e}"))),
+                false,
+            ),
         };
-        let observation = match request {
+        let mut result = match request {
             Ok(request) => self.executor.run(request, tenant).await,
             Err((kind, message)) => {
-                let version = self.executor.policy(tenant.as_deref()).version.clone();
-                airlock_engine::early_error(kind, message, &version)
+                observation_only(airlock_engine::early_error(kind, message, &policy.version))
             }
         };
-        observation_result(&observation)
+        if return_files {
+            result.inline_files(policy.filesystem.out.inline_bytes.as_u64());
+        }
+        observation_result(&result.observation)
+    }
+
+    /// Like [`RunCodeServer::call`], but when `cancelled` completes first the call is
+    /// dropped, which kills its job; `None` then.
+    pub async fn call_until(
+        &self,
+        arguments: Option<Value>,
+        tenant: Option<String>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Option<CallToolResult> {
+        tokio::select! {
+            result = self.call(arguments, tenant) => Some(result),
+            () = cancelled => None,
+        }
     }
 }
 
@@ -115,11 +175,16 @@ impl ServerHandler for RunCodeServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "airlock runs code in a disposable, hardened sandbox. Call run_code with a \
-                 language and the complete program; read stdout, stderr and outcome from the \
-                 JSON result.",
-            )
+            .with_instructions(format!(
+                "airlock runs code in a disposable, hardened sandbox. Call run_code with the \
+                 complete program (language defaults to python); read stdout, stderr and \
+                 outcome from the JSON result. Set return_files to get files written under \
+                 /out back inline. A call takes up to the wall-time limit plus sandbox setup: \
+                 set the client's request timeout to at least {} (the OpenAI Agents SDK's \
+                 client_session_timeout_seconds defaults to 5 s, too short). A cancelled call \
+                 kills its job.",
+                format_duration(client_timeout(&self.executor.policy(None)))
+            ))
     }
 
     async fn list_tools(
@@ -152,17 +217,57 @@ impl ServerHandler for RunCodeServer {
             ));
         }
         let tenant = tenant_of(&context);
-        let result = self
-            .call(request.arguments.map(Value::Object), tenant)
-            .await;
-        Ok(result.into())
+        // rmcp cancels `context.ct` on `notifications/cancelled`, when a streamable-HTTP
+        // client disconnects, and when the session ends; it does not drop the handler, so
+        // the call is raced against it here.
+        match self
+            .call_until(
+                request.arguments.map(Value::Object),
+                tenant,
+                context.ct.cancelled(),
+            )
+            .await
+        {
+            Some(result) => Ok(result.into()),
+            None => {
+                tracing::info!("run_code call cancelled by the client: its job was killed");
+                Err(ErrorData::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "the call was cancelled; its job was killed",
+                    None,
+                ))
+            }
+        }
     }
 }
 
 /// Serves MCP on stdin/stdout until the client closes stdin.
 pub async fn serve_stdio(executor: Arc<dyn Executor>) -> Result<(), McpError> {
+    let (stdin, stdout) = rmcp::transport::stdio();
+    serve_io(executor, stdin, stdout).await
+}
+
+/// Serves MCP on a byte stream pair (newline-delimited JSON-RPC) until `input` ends.
+///
+/// The end of `input` means the client is gone: the calls still running are cancelled at
+/// once (their jobs killed), rather than after rmcp's grace period for finishing
+/// handlers, so a client that exits mid-call frees its slots immediately.
+pub async fn serve_io<R, W>(
+    executor: Arc<dyn Executor>,
+    input: R,
+    output: W,
+) -> Result<(), McpError>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let session = CancellationToken::new();
+    let input = EndSignal {
+        inner: input,
+        ended: session.clone(),
+    };
     let service = RunCodeServer::new(executor)
-        .serve(rmcp::transport::stdio())
+        .serve_with_ct((input, output), session)
         .await
         .map_err(|e| McpError::StartSession(Box::new(e)))?;
     service
@@ -170,6 +275,33 @@ pub async fn serve_stdio(executor: Arc<dyn Executor>) -> Result<(), McpError> {
         .await
         .map_err(|e| McpError::ServeSession(Box::new(e)))?;
     Ok(())
+}
+
+/// A reader that cancels `ended` when its input reaches the end (or fails).
+struct EndSignal<R> {
+    inner: R,
+    ended: CancellationToken,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for EndSignal<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &polled {
+            std::task::Poll::Ready(Ok(()))
+                if buf.filled().len() == before && buf.remaining() > 0 =>
+            {
+                self.ended.cancel();
+            }
+            std::task::Poll::Ready(Err(_)) => self.ended.cancel(),
+            _ => {}
+        }
+        polled
+    }
 }
 
 /// An [`Executor`] over one engine with a fixed number of jobs at a time (for stdio, where
@@ -223,14 +355,14 @@ impl Executor for EngineExecutor {
         self.policy.clone()
     }
 
-    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, Observation> {
+    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult> {
         Box::pin(async move {
             let refuse = |message: &str| {
-                airlock_engine::early_error(
+                observation_only(airlock_engine::early_error(
                     ErrorKind::BackendUnavailable,
                     message,
                     &self.policy.version,
-                )
+                ))
             };
             if self.interrupt.borrow().is_some() {
                 return refuse("airlock is shutting down");
@@ -260,12 +392,12 @@ impl Executor for EngineExecutor {
                 result
             });
             match task.await {
-                Ok(result) => result.observation,
-                Err(e) => airlock_engine::early_error(
+                Ok(result) => result,
+                Err(e) => observation_only(airlock_engine::early_error(
                     ErrorKind::Internal,
                     format!("the job's task failed: {e}"),
                     &self.policy.version,
-                ),
+                )),
             }
         })
     }
