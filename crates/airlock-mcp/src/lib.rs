@@ -402,3 +402,196 @@ impl Executor for EngineExecutor {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::observation::{NetworkCounts, OutputFile, RejectedFile};
+    use airlock_core::{BackendKind, JobId, Outcome};
+    use serde_json::json;
+
+    /// The JSON Schema keywords the observation's schema uses that constrain values; a
+    /// keyword outside these and the annotations fails the check, so the validator below
+    /// cannot pass a schema it does not understand.
+    const ANNOTATIONS: &[&str] = &["description", "title", "format"];
+
+    /// Errors of `value` against `schema` (the subset of JSON Schema 2020-12 the
+    /// observation's schema is written in).
+    fn violations(schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {
+        let Some(schema) = schema.as_object() else {
+            errors.push(format!("{at}: schema is not an object"));
+            return;
+        };
+        for (keyword, rule) in schema {
+            match keyword.as_str() {
+                k if ANNOTATIONS.contains(&k) => {}
+                "type" => {
+                    let types: Vec<&str> = match rule {
+                        Value::String(t) => vec![t.as_str()],
+                        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                        _ => vec![],
+                    };
+                    let matches = |t: &str| match t {
+                        "object" => value.is_object(),
+                        "array" => value.is_array(),
+                        "string" => value.is_string(),
+                        "boolean" => value.is_boolean(),
+                        "null" => value.is_null(),
+                        "integer" => value.is_i64() || value.is_u64(),
+                        "number" => value.is_number(),
+                        _ => false,
+                    };
+                    if !types.iter().any(|t| matches(t)) {
+                        errors.push(format!("{at}: {value} is not of type {rule}"));
+                    }
+                }
+                "enum" => {
+                    if !rule.as_array().is_some_and(|v| v.contains(value)) {
+                        errors.push(format!("{at}: {value} not in {rule}"));
+                    }
+                }
+                "minimum" => {
+                    if let (Some(min), Some(v)) = (rule.as_f64(), value.as_f64())
+                        && v < min
+                    {
+                        errors.push(format!("{at}: {v} < {min}"));
+                    }
+                }
+                "required" => {
+                    if let Some(object) = value.as_object() {
+                        for name in rule.as_array().into_iter().flatten() {
+                            let name = name.as_str().unwrap_or_default();
+                            if !object.contains_key(name) {
+                                errors.push(format!("{at}: {name} missing"));
+                            }
+                        }
+                    }
+                }
+                "properties" => {
+                    if let (Some(properties), Some(object)) = (rule.as_object(), value.as_object())
+                    {
+                        for (name, sub) in properties {
+                            if let Some(v) = object.get(name) {
+                                violations(sub, v, &format!("{at}.{name}"), errors);
+                            }
+                        }
+                    }
+                }
+                "items" => {
+                    for (i, item) in value.as_array().into_iter().flatten().enumerate() {
+                        violations(rule, item, &format!("{at}[{i}]"), errors);
+                    }
+                }
+                other => errors.push(format!("{at}: keyword {other} not understood")),
+            }
+        }
+    }
+
+    fn check(schema: &Value, value: &Value) {
+        let mut errors = Vec::new();
+        violations(schema, value, "$", &mut errors);
+        assert!(errors.is_empty(), "{errors:#?}\n{value:#}");
+    }
+
+    fn full_observation() -> Observation {
+        let mut o = Observation::error(
+            JobId::generate(),
+            BackendKind::Docker,
+            "v1",
+            ErrorKind::Internal,
+            "",
+        );
+        o.ok = true;
+        o.outcome = Outcome::Exited;
+        o.exit_code = Some(0);
+        o.error = None;
+        o.stdout = "hi\n".to_owned();
+        o.cpu_ms = Some(3);
+        o.peak_memory_bytes = Some(1 << 20);
+        o.image_digest = Some(format!("sha256:{}", "a".repeat(64)));
+        o.files = vec![OutputFile {
+            path: "plot.png".to_owned(),
+            bytes: 3,
+            sha256: "b".repeat(64),
+            media_type: "image/png".to_owned(),
+            redactions: 0,
+            content_base64: Some("AAEC".to_owned()),
+        }];
+        o.rejected_files = vec![RejectedFile {
+            path: "link".to_owned(),
+            reason: "symlink".to_owned(),
+        }];
+        o.degraded = vec!["memory: RLIMIT_AS".to_owned()];
+        o.network = Some(NetworkCounts {
+            connections: 2,
+            denied: 1,
+            bytes_up: 10,
+            bytes_down: 20,
+            limit_hit: None,
+        });
+        o
+    }
+
+    #[test]
+    fn the_tool_declares_the_observation_as_its_output_schema() {
+        let tool = serde_json::to_value(tool_for(&Policy::builtin())).unwrap();
+        assert_eq!(tool["name"], TOOL_NAME);
+        assert_eq!(tool["inputSchema"]["type"], "object");
+        let output = &tool["outputSchema"];
+        // rmcp drops (and clients refuse) an outputSchema whose root is not an object.
+        assert_eq!(output["type"], "object");
+        assert!(
+            !output.to_string().contains("$ref"),
+            "references in {output}"
+        );
+        let required: Vec<&str> = output["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for key in ["ok", "outcome", "stdout", "stderr", "files", "job_id"] {
+            assert!(required.contains(&key), "{key} not required: {required:?}");
+        }
+    }
+
+    #[test]
+    fn every_result_shape_validates_against_the_output_schema() {
+        let schema = airlock_core::schema::observation_schema();
+        let mut killed = full_observation();
+        killed.ok = false;
+        killed.outcome = Outcome::Killed;
+        killed.exit_code = None;
+        killed.signal = Some("SIGKILL".to_owned());
+        let shapes = [
+            full_observation(),
+            killed,
+            airlock_engine::early_error(ErrorKind::PolicyDenied, "too long", "v1"),
+        ];
+        for observation in shapes {
+            let result = observation_result(&observation);
+            let structured = result.structured_content.clone().unwrap();
+            check(&schema, &structured);
+            assert_eq!(result.is_error, Some(!observation.ok));
+        }
+        // The validator does fail: a missing field and a wrong enum value.
+        let mut errors = Vec::new();
+        let broken = json!({"ok": true, "outcome": "exploded"});
+        violations(&schema, &broken, "$", &mut errors);
+        assert!(
+            errors.iter().any(|e| e.contains("stdout missing")),
+            "{errors:?}"
+        );
+        assert!(errors.iter().any(|e| e.contains("exploded")), "{errors:?}");
+    }
+
+    #[test]
+    fn instructions_name_the_client_timeout() {
+        assert_eq!(
+            client_timeout(&Policy::builtin()),
+            std::time::Duration::from_secs(35)
+        );
+        let text = tool::description(&Policy::builtin());
+        assert!(text.contains("35s"), "{text}");
+    }
+}
