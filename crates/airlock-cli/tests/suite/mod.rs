@@ -4,6 +4,7 @@ mod cleanup;
 mod common;
 mod images;
 mod limits;
+mod mcp;
 mod out;
 mod policy_cmd;
 mod probe;
