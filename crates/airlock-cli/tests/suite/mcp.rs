@@ -60,7 +60,10 @@ impl McpChild {
                        "clientInfo": {"name": "airlock-cli-tests", "version": "0"}}
         }));
         let reply = mcp.response(0, Duration::from_secs(20));
-        assert!(reply["result"]["capabilities"]["tools"].is_object(), "{reply}");
+        assert!(
+            reply["result"]["capabilities"]["tools"].is_object(),
+            "{reply}"
+        );
         mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
         mcp
     }
@@ -164,7 +167,10 @@ fn a_cancelled_mcp_call_kills_its_job_and_frees_its_slot() {
     // With the only slot still held, this call would wait out the first job's minute.
     mcp.call(2, json!({"code": "print('next')"}));
     let reply = mcp.response(2, Duration::from_secs(10));
-    assert_eq!(reply["result"]["structuredContent"]["stdout"], "next\n", "{reply}");
+    assert_eq!(
+        reply["result"]["structuredContent"]["stdout"], "next\n",
+        "{reply}"
+    );
     assert!(
         cancelled_at.elapsed() < Duration::from_secs(10),
         "the next call took {:?}",
@@ -175,7 +181,11 @@ fn a_cancelled_mcp_call_kills_its_job_and_frees_its_slot() {
     let audit = env.audit_lines();
     assert_eq!(audit.len(), 2, "{audit:#?}");
     assert_eq!(audit[0]["outcome"], "error", "{:#}", audit[0]);
-    assert!(audit[0]["total_ms"].as_u64().unwrap() < 30_000, "{:#}", audit[0]);
+    assert!(
+        audit[0]["total_ms"].as_u64().unwrap() < 30_000,
+        "{:#}",
+        audit[0]
+    );
 }
 
 #[test]
@@ -227,7 +237,10 @@ fn return_files_over_mcp_brings_out_files_back_intact() {
     let env = TestEnv::new();
     // A cap that holds data.bin (256 B) but not big.txt (5000 B).
     let mut mcp = McpChild::start(&env, "[filesystem.out]\ninline_bytes = \"1KiB\"");
-    mcp.call(1, json!({"code": OUT_JOB, "return_files": true, "language": null, "files": null}));
+    mcp.call(
+        1,
+        json!({"code": OUT_JOB, "return_files": true, "language": null, "files": null}),
+    );
     let reply = mcp.response(1, Duration::from_secs(30));
     let obs = &reply["result"]["structuredContent"];
     assert_eq!(obs["ok"], true, "{reply:#}");

@@ -9,5 +9,7 @@ mod out;
 mod policy_cmd;
 mod probe;
 mod redaction;
+mod return_files;
 mod rootfs_dir;
 mod rootless;
+mod tool_schema;
