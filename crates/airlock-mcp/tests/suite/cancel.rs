@@ -101,12 +101,24 @@ async fn closing_stdin_mid_call_drops_the_job_and_ends_the_session() {
 
 /// One HTTP/1.1 POST to `/mcp` on a fresh connection, returning the connection.
 async fn post(addr: std::net::SocketAddr, body: &serde_json::Value) -> tokio::net::TcpStream {
+    post_in(addr, None, body).await
+}
+
+/// A POST in MCP session `session`, if one.
+async fn post_in(
+    addr: std::net::SocketAddr,
+    session: Option<&str>,
+    body: &serde_json::Value,
+) -> tokio::net::TcpStream {
     let body = body.to_string();
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let session = session
+        .map(|id| format!("Mcp-Session-Id: {id}\r\n"))
+        .unwrap_or_default();
     let request = format!(
         "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         {session}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -161,5 +173,69 @@ async fn a_dropped_http_connection_drops_its_job() {
     assert!(
         reply.contains(r#"\"stdout\":\"done\\n\""#) || reply.contains("done\\n"),
         "{reply}"
+    );
+}
+
+/// With sessions (rmcp's legacy session mode, for clients of protocol versions before
+/// 2026-07-28), `notifications/cancelled` arrives on its own POST and rmcp routes it to the
+/// session: the call's job is dropped although its connection stays open. Stateless
+/// serving (as `airlock serve` mounts it) has no session to route it to; there only a
+/// closed connection cancels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_notification_in_an_http_session_drops_its_job() {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    let executor = Arc::new(FakeExecutor::new(Policy::builtin()));
+    let record = executor.record.clone();
+    let config = StreamableHttpServerConfig::default().with_legacy_session_mode(true);
+    let for_service: Arc<dyn airlock_mcp::Executor> = executor;
+    let service = StreamableHttpService::new(
+        move || Ok(RunCodeServer::new(for_service.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let app = axum::Router::new().route_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let mut init = post(addr, &initialize(0)).await;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        init.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let session = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session id in {head}"));
+    drop(init);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let mut ack = post_in(addr, Some(&session), &initialized).await;
+    let mut reply = String::new();
+    ack.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 202"), "{reply}");
+
+    let _connection = post_in(addr, Some(&session), &call(1, json!({"code": LONG_JOB}))).await;
+    assert!(
+        eventually(Duration::from_secs(5), || record
+            .running
+            .load(Ordering::SeqCst)
+            == 1)
+        .await,
+        "the long job never started"
+    );
+    let mut cancel = post_in(addr, Some(&session), &cancelled(1)).await;
+    let mut reply = String::new();
+    cancel.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 202"), "{reply}");
+    assert!(
+        eventually(PROMPT, || record.running.load(Ordering::SeqCst) == 0).await,
+        "the job outlived its cancel notification by more than {PROMPT:?}"
     );
 }
