@@ -175,16 +175,20 @@ impl ServerHandler for RunCodeServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
-            .with_instructions(format!(
-                "airlock runs code in a disposable, hardened sandbox. Call run_code with the \
-                 complete program (language defaults to python); read stdout, stderr and \
-                 outcome from the JSON result. Set return_files to get files written under \
-                 /out back inline. A call takes up to the wall-time limit plus sandbox setup: \
-                 set the client's request timeout to at least {} (the OpenAI Agents SDK's \
-                 client_session_timeout_seconds defaults to 5 s, too short). A cancelled call \
-                 kills its job.",
-                format_duration(client_timeout(&self.executor.policy(None)))
-            ))
+            .with_instructions({
+                let policy = self.executor.policy(None);
+                format!(
+                    "airlock runs code in a disposable, hardened sandbox. Call run_code with \
+                     the complete program (language defaults to {language}); read stdout, \
+                     stderr and outcome from the JSON result. Set return_files to get files \
+                     written under /out back inline. A call takes up to the wall-time limit \
+                     plus sandbox setup: set the client's request timeout to at least \
+                     {timeout} (the OpenAI Agents SDK's client_session_timeout_seconds \
+                     defaults to 5 s, too short). A cancelled call kills its job.",
+                    language = policy.default_language(),
+                    timeout = format_duration(client_timeout(&policy)),
+                )
+            })
     }
 
     async fn list_tools(
@@ -410,9 +414,8 @@ mod tests {
     use airlock_core::{BackendKind, JobId, Outcome};
     use serde_json::json;
 
-    /// The JSON Schema keywords the observation's schema uses that constrain values; a
-    /// keyword outside these and the annotations fails the check, so the validator below
-    /// cannot pass a schema it does not understand.
+    /// Keywords that only annotate. Any other keyword the validator below does not
+    /// implement fails the check, so it cannot pass a schema it does not understand.
     const ANNOTATIONS: &[&str] = &["description", "title", "format"];
 
     /// Errors of `value` against `schema` (the subset of JSON Schema 2020-12 the
