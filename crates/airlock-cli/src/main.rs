@@ -49,6 +49,8 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Serve the run_code tool over MCP on stdio (logs go to stderr).
     Mcp(mcp::McpArgs),
+    /// Print the run_code tool's schema: strict function calling (chat, responses) or MCP.
+    ToolSchema(mcp::ToolSchemaArgs),
     /// Bearer tokens for `airlock serve`.
     #[command(subcommand)]
     Token(serve::TokenCommand),
@@ -89,6 +91,7 @@ fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Show { file }) => policy_show(file.as_deref()),
         Command::Serve(args) => serve::serve(*args),
         Command::Mcp(args) => mcp::mcp(args),
+        Command::ToolSchema(args) => mcp::tool_schema(args),
         Command::Token(command) => serve::token(command),
         #[cfg(feature = "kube")]
         Command::Kube(args) => kube::kube(args),

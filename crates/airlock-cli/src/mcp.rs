@@ -1,5 +1,6 @@
-//! `airlock mcp`: the MCP tool server on stdio. stdout carries only MCP messages; logs go
-//! to stderr.
+//! `airlock mcp`: the MCP tool server on stdio (stdout carries only MCP messages; logs go
+//! to stderr), and `airlock tool-schema`: the run_code tool's schema for function calling
+//! or as MCP lists it, for clients that build their tool from it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +9,8 @@ use std::sync::Arc;
 use airlock_core::BackendKind;
 use airlock_engine::{AuditLog, Engine, LoadedPolicy};
 use airlock_mcp::EngineExecutor;
-use clap::Args;
+use airlock_mcp::tool::ToolSchemaFormat;
+use clap::{Args, ValueEnum};
 
 use crate::error_chain;
 
@@ -105,6 +107,67 @@ pub fn mcp(args: McpArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("airlock mcp: {}", error_chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The shapes `airlock tool-schema` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchemaFormat {
+    /// Chat Completions: `{"type": "function", "function": {..., "strict": true}}`.
+    Chat,
+    /// The Responses API: `{"type": "function", "name", ..., "strict": true}`.
+    Responses,
+    /// The tool as MCP's `tools/list` shows it: `name`, `description`, `inputSchema`,
+    /// `outputSchema`.
+    Mcp,
+}
+
+#[derive(Debug, Args)]
+pub struct ToolSchemaArgs {
+    /// The shape to print.
+    #[arg(long, value_enum, default_value = "chat")]
+    format: SchemaFormat,
+
+    /// Policy file whose languages and limits the schema describes (default: built-in).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+}
+
+/// `airlock tool-schema`: prints the run_code tool's schema as one JSON document.
+pub fn tool_schema(args: ToolSchemaArgs) -> ExitCode {
+    let loaded = match &args.policy {
+        Some(path) => match LoadedPolicy::from_file(path) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                eprintln!("airlock tool-schema: {}", error_chain(&e));
+                return ExitCode::from(2);
+            }
+        },
+        None => LoadedPolicy::builtin(),
+    };
+    let policy = &loaded.policy;
+    let schema = match args.format {
+        SchemaFormat::Chat => airlock_mcp::tool::function_schema(policy, ToolSchemaFormat::Chat),
+        SchemaFormat::Responses => {
+            airlock_mcp::tool::function_schema(policy, ToolSchemaFormat::Responses)
+        }
+        SchemaFormat::Mcp => match serde_json::to_value(airlock_mcp::tool_for(policy)) {
+            Ok(value) => value,
+            Err(e) => {
+                eprintln!("airlock tool-schema: encode the tool: {e}");
+                return ExitCode::from(1);
+            }
+        },
+    };
+    match serde_json::to_string_pretty(&schema) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("airlock tool-schema: encode the schema: {e}");
             ExitCode::from(1)
         }
     }

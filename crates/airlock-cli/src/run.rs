@@ -72,6 +72,12 @@ pub struct RunArgs {
     #[arg(long = "out", value_name = "DIR")]
     out: Option<PathBuf>,
 
+    /// Enable /out and put the released files' content in the observation
+    /// (files[].content_base64), up to the policy's filesystem.out.inline_bytes in total;
+    /// larger files are listed without content. With --out DIR they are also copied there.
+    #[arg(long, requires = "json")]
+    return_files: bool,
+
     /// Backend: native, docker, podman, gvisor, kube.
     #[arg(long, value_name = "BACKEND", default_value = "native")]
     backend: String,
@@ -258,14 +264,20 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
         Ok(a) => a,
         Err(e) => return result(refuse(ErrorKind::Internal, error_chain(&e), &version)),
     };
-    if args.warm {
-        return run_warm(request, backend_kind, loaded, audit).await;
+    let inline_cap = loaded.policy.filesystem.out.inline_bytes.as_u64();
+    let mut result = if args.warm {
+        run_warm(request, backend_kind, loaded, audit).await
+    } else {
+        tracing::debug!("opening the backend");
+        let backend = airlock_engine::backends::open(backend_kind, &loaded);
+        tracing::debug!("backend open");
+        let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
+        engine.run_until(request, None, interrupted(), None).await
+    };
+    if args.return_files {
+        result.inline_files(inline_cap);
     }
-    tracing::debug!("opening the backend");
-    let backend = airlock_engine::backends::open(backend_kind, &loaded);
-    tracing::debug!("backend open");
-    let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
-    engine.run_until(request, None, interrupted(), None).await
+    result
 }
 
 /// `--warm`: a warm sandbox built for this very job, started and waited for, then the job
@@ -489,6 +501,6 @@ fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
             allow: args.allow.clone(),
         },
         env,
-        out: args.out.is_some(),
+        out: args.out.is_some() || args.return_files,
     })
 }

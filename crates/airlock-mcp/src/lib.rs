@@ -3,7 +3,9 @@
 //! (`airlock mcp`) or as a service the HTTP server mounts at `/mcp` (streamable HTTP).
 //! It turns tool calls into jobs and hands them to an [`Executor`]; it must not run jobs
 //! itself, decide admission or authentication (the executor and the HTTP server do), or
-//! write anything but MCP messages to stdout.
+//! write anything but MCP messages to stdout. A call the client gives up on (cancelled,
+//! timed out, disconnected, stdin closed) drops its job's future, which the executor
+//! turns into a kill: an abandoned call never keeps its slot.
 #![forbid(unsafe_code)]
 
 pub mod error;
@@ -11,15 +13,18 @@ pub mod tool;
 
 use std::sync::Arc;
 
-use airlock_core::{BoxFuture, ErrorKind, JobRequest, Observation, Policy};
+use airlock_core::units::format_duration;
+use airlock_core::{BoxFuture, ErrorKind, JobRequest, JobResult, Observation, Policy};
 use airlock_engine::Engine;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
 
 pub use error::McpError;
 pub use tool::{RunCodeFile, RunCodeParams, TOOL_NAME};
@@ -34,9 +39,45 @@ pub trait Executor: Send + Sync + 'static {
     /// The policy jobs of `tenant` run under (for the tool's description and schema).
     fn policy(&self, tenant: Option<&str>) -> Arc<Policy>;
 
-    /// Runs one job and returns its observation (an `error` observation when it could not
-    /// run, including when the executor is busy or shutting down).
-    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, Observation>;
+    /// Runs one job and returns its result: the observation (an `error` observation when
+    /// it could not run, including when the executor is busy or shutting down) and the
+    /// files it released from `/out`, which the tool inlines when the call asks for them.
+    ///
+    /// Dropping the future must kill the job, free its slot and still audit it: that is
+    /// how a cancelled or abandoned call ends its job.
+    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult>;
+}
+
+/// A result that is only an observation (a job that never ran has no files).
+pub fn observation_only(observation: Observation) -> JobResult {
+    JobResult {
+        observation,
+        files: Vec::new(),
+        connections: Vec::new(),
+    }
+}
+
+/// The tool as `tools/list` shows it under `policy`: the description, the closed
+/// `inputSchema` and the observation as `outputSchema` (standalone, no references).
+pub fn tool_for(policy: &Policy) -> Tool {
+    let output_schema = match airlock_core::schema::observation_schema() {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    Tool::new(
+        TOOL_NAME,
+        tool::description(policy),
+        tool::input_schema(policy),
+    )
+    .with_raw_output_schema(Arc::new(output_schema))
+}
+
+/// How long an MCP client should wait for a `run_code` call under `policy` before giving
+/// up: the wall-time limit plus [`tool::CALL_SETUP_ALLOWANCE`] for sandbox setup and
+/// teardown. A shorter client timeout turns a job that runs to its limit into a client
+/// error instead of the `timeout` observation.
+pub fn client_timeout(policy: &Policy) -> std::time::Duration {
+    policy.limits.timeout + tool::CALL_SETUP_ALLOWANCE
 }
 
 /// The MCP server: a handler with one tool.
@@ -59,30 +100,49 @@ impl RunCodeServer {
 
     /// The tool as `tools/list` shows it to `tenant`.
     pub fn tool(&self, tenant: Option<&str>) -> Tool {
-        let policy = self.executor.policy(tenant);
-        Tool::new(
-            TOOL_NAME,
-            tool::description(&policy),
-            tool::input_schema(&policy),
-        )
+        tool_for(&self.executor.policy(tenant))
     }
 
-    /// Runs one call's arguments as a job and shapes the result.
+    /// Runs one call's arguments as a job and shapes the result; with `return_files`, the
+    /// files released from `/out` come back inline within the policy's cap.
     pub async fn call(&self, arguments: Option<Value>, tenant: Option<String>) -> CallToolResult {
+        let policy = self.executor.policy(tenant.as_deref());
         let params: Result<RunCodeParams, _> =
             serde_json::from_value(arguments.unwrap_or(Value::Object(Default::default())));
-        let request = match params {
-            Ok(params) => params.into_request(&self.executor.policy(tenant.as_deref())),
-            Err(e) => Err((ErrorKind::InvalidInput, format!("arguments: {e}"))),
+        let (request, return_files) = match params {
+            Ok(params) => {
+                let return_files = params.return_files;
+                (params.into_request(&policy), return_files)
+            }
+            Err(e) => (
+                Err((ErrorKind::InvalidInput, format!("arguments: {e}"))),
+                false,
+            ),
         };
-        let observation = match request {
+        let mut result = match request {
             Ok(request) => self.executor.run(request, tenant).await,
             Err((kind, message)) => {
-                let version = self.executor.policy(tenant.as_deref()).version.clone();
-                airlock_engine::early_error(kind, message, &version)
+                observation_only(airlock_engine::early_error(kind, message, &policy.version))
             }
         };
-        observation_result(&observation)
+        if return_files {
+            result.inline_files(policy.filesystem.out.inline_bytes.as_u64());
+        }
+        observation_result(&result.observation)
+    }
+
+    /// Like [`RunCodeServer::call`], but when `cancelled` completes first the call is
+    /// dropped, which kills its job; `None` then.
+    pub async fn call_until(
+        &self,
+        arguments: Option<Value>,
+        tenant: Option<String>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Option<CallToolResult> {
+        tokio::select! {
+            result = self.call(arguments, tenant) => Some(result),
+            () = cancelled => None,
+        }
     }
 }
 
@@ -115,11 +175,20 @@ impl ServerHandler for RunCodeServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "airlock runs code in a disposable, hardened sandbox. Call run_code with a \
-                 language and the complete program; read stdout, stderr and outcome from the \
-                 JSON result.",
-            )
+            .with_instructions({
+                let policy = self.executor.policy(None);
+                format!(
+                    "airlock runs code in a disposable, hardened sandbox. Call run_code with \
+                     the complete program (language defaults to {language}); read stdout, \
+                     stderr and outcome from the JSON result. Set return_files to get files \
+                     written under /out back inline. A call takes up to the wall-time limit \
+                     plus sandbox setup: set the client's request timeout to at least \
+                     {timeout} (the OpenAI Agents SDK's client_session_timeout_seconds \
+                     defaults to 5 s, too short). A cancelled call kills its job.",
+                    language = policy.default_language(),
+                    timeout = format_duration(client_timeout(&policy)),
+                )
+            })
     }
 
     async fn list_tools(
@@ -152,17 +221,57 @@ impl ServerHandler for RunCodeServer {
             ));
         }
         let tenant = tenant_of(&context);
-        let result = self
-            .call(request.arguments.map(Value::Object), tenant)
-            .await;
-        Ok(result.into())
+        // rmcp cancels `context.ct` on `notifications/cancelled`, when a streamable-HTTP
+        // client disconnects, and when the session ends; it does not drop the handler, so
+        // the call is raced against it here.
+        match self
+            .call_until(
+                request.arguments.map(Value::Object),
+                tenant,
+                context.ct.cancelled(),
+            )
+            .await
+        {
+            Some(result) => Ok(result.into()),
+            None => {
+                tracing::info!("run_code call cancelled by the client: its job was killed");
+                Err(ErrorData::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "the call was cancelled; its job was killed",
+                    None,
+                ))
+            }
+        }
     }
 }
 
 /// Serves MCP on stdin/stdout until the client closes stdin.
 pub async fn serve_stdio(executor: Arc<dyn Executor>) -> Result<(), McpError> {
+    let (stdin, stdout) = rmcp::transport::stdio();
+    serve_io(executor, stdin, stdout).await
+}
+
+/// Serves MCP on a byte stream pair (newline-delimited JSON-RPC) until `input` ends.
+///
+/// The end of `input` means the client is gone: the calls still running are cancelled at
+/// once (their jobs killed), rather than after rmcp's grace period for finishing
+/// handlers, so a client that exits mid-call frees its slots immediately.
+pub async fn serve_io<R, W>(
+    executor: Arc<dyn Executor>,
+    input: R,
+    output: W,
+) -> Result<(), McpError>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let session = CancellationToken::new();
+    let input = EndSignal {
+        inner: input,
+        ended: session.clone(),
+    };
     let service = RunCodeServer::new(executor)
-        .serve(rmcp::transport::stdio())
+        .serve_with_ct((input, output), session)
         .await
         .map_err(|e| McpError::StartSession(Box::new(e)))?;
     service
@@ -170,6 +279,33 @@ pub async fn serve_stdio(executor: Arc<dyn Executor>) -> Result<(), McpError> {
         .await
         .map_err(|e| McpError::ServeSession(Box::new(e)))?;
     Ok(())
+}
+
+/// A reader that cancels `ended` when its input reaches the end (or fails).
+struct EndSignal<R> {
+    inner: R,
+    ended: CancellationToken,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for EndSignal<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &polled {
+            std::task::Poll::Ready(Ok(()))
+                if buf.filled().len() == before && buf.remaining() > 0 =>
+            {
+                self.ended.cancel();
+            }
+            std::task::Poll::Ready(Err(_)) => self.ended.cancel(),
+            _ => {}
+        }
+        polled
+    }
 }
 
 /// An [`Executor`] over one engine with a fixed number of jobs at a time (for stdio, where
@@ -223,14 +359,14 @@ impl Executor for EngineExecutor {
         self.policy.clone()
     }
 
-    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, Observation> {
+    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult> {
         Box::pin(async move {
             let refuse = |message: &str| {
-                airlock_engine::early_error(
+                observation_only(airlock_engine::early_error(
                     ErrorKind::BackendUnavailable,
                     message,
                     &self.policy.version,
-                )
+                ))
             };
             if self.interrupt.borrow().is_some() {
                 return refuse("airlock is shutting down");
@@ -260,13 +396,205 @@ impl Executor for EngineExecutor {
                 result
             });
             match task.await {
-                Ok(result) => result.observation,
-                Err(e) => airlock_engine::early_error(
+                Ok(result) => result,
+                Err(e) => observation_only(airlock_engine::early_error(
                     ErrorKind::Internal,
                     format!("the job's task failed: {e}"),
                     &self.policy.version,
-                ),
+                )),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::observation::{NetworkCounts, OutputFile, RejectedFile};
+    use airlock_core::{BackendKind, JobId, Outcome};
+    use serde_json::json;
+
+    /// Keywords that only annotate. Any other keyword the validator below does not
+    /// implement fails the check, so it cannot pass a schema it does not understand.
+    const ANNOTATIONS: &[&str] = &["description", "title", "format"];
+
+    /// Errors of `value` against `schema` (the subset of JSON Schema 2020-12 the
+    /// observation's schema is written in).
+    fn violations(schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {
+        let Some(schema) = schema.as_object() else {
+            errors.push(format!("{at}: schema is not an object"));
+            return;
+        };
+        for (keyword, rule) in schema {
+            match keyword.as_str() {
+                k if ANNOTATIONS.contains(&k) => {}
+                "type" => {
+                    let types: Vec<&str> = match rule {
+                        Value::String(t) => vec![t.as_str()],
+                        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                        _ => vec![],
+                    };
+                    let matches = |t: &str| match t {
+                        "object" => value.is_object(),
+                        "array" => value.is_array(),
+                        "string" => value.is_string(),
+                        "boolean" => value.is_boolean(),
+                        "null" => value.is_null(),
+                        "integer" => value.is_i64() || value.is_u64(),
+                        "number" => value.is_number(),
+                        _ => false,
+                    };
+                    if !types.iter().any(|t| matches(t)) {
+                        errors.push(format!("{at}: {value} is not of type {rule}"));
+                    }
+                }
+                "enum" => {
+                    if !rule.as_array().is_some_and(|v| v.contains(value)) {
+                        errors.push(format!("{at}: {value} not in {rule}"));
+                    }
+                }
+                "minimum" => {
+                    if let (Some(min), Some(v)) = (rule.as_f64(), value.as_f64())
+                        && v < min
+                    {
+                        errors.push(format!("{at}: {v} < {min}"));
+                    }
+                }
+                "required" => {
+                    if let Some(object) = value.as_object() {
+                        for name in rule.as_array().into_iter().flatten() {
+                            let name = name.as_str().unwrap_or_default();
+                            if !object.contains_key(name) {
+                                errors.push(format!("{at}: {name} missing"));
+                            }
+                        }
+                    }
+                }
+                "properties" => {
+                    if let (Some(properties), Some(object)) = (rule.as_object(), value.as_object())
+                    {
+                        for (name, sub) in properties {
+                            if let Some(v) = object.get(name) {
+                                violations(sub, v, &format!("{at}.{name}"), errors);
+                            }
+                        }
+                    }
+                }
+                "items" => {
+                    for (i, item) in value.as_array().into_iter().flatten().enumerate() {
+                        violations(rule, item, &format!("{at}[{i}]"), errors);
+                    }
+                }
+                other => errors.push(format!("{at}: keyword {other} not understood")),
+            }
+        }
+    }
+
+    fn check(schema: &Value, value: &Value) {
+        let mut errors = Vec::new();
+        violations(schema, value, "$", &mut errors);
+        assert!(errors.is_empty(), "{errors:#?}\n{value:#}");
+    }
+
+    fn full_observation() -> Observation {
+        let mut o = Observation::error(
+            JobId::generate(),
+            BackendKind::Docker,
+            "v1",
+            ErrorKind::Internal,
+            "",
+        );
+        o.ok = true;
+        o.outcome = Outcome::Exited;
+        o.exit_code = Some(0);
+        o.error = None;
+        o.stdout = "hi\n".to_owned();
+        o.cpu_ms = Some(3);
+        o.peak_memory_bytes = Some(1 << 20);
+        o.image_digest = Some(format!("sha256:{}", "a".repeat(64)));
+        o.files = vec![OutputFile {
+            path: "plot.png".to_owned(),
+            bytes: 3,
+            sha256: "b".repeat(64),
+            media_type: "image/png".to_owned(),
+            redactions: 0,
+            content_base64: Some("AAEC".to_owned()),
+        }];
+        o.rejected_files = vec![RejectedFile {
+            path: "link".to_owned(),
+            reason: "symlink".to_owned(),
+        }];
+        o.degraded = vec!["memory: RLIMIT_AS".to_owned()];
+        o.network = Some(NetworkCounts {
+            connections: 2,
+            denied: 1,
+            bytes_up: 10,
+            bytes_down: 20,
+            limit_hit: None,
+        });
+        o
+    }
+
+    #[test]
+    fn the_tool_declares_the_observation_as_its_output_schema() {
+        let tool = serde_json::to_value(tool_for(&Policy::builtin())).unwrap();
+        assert_eq!(tool["name"], TOOL_NAME);
+        assert_eq!(tool["inputSchema"]["type"], "object");
+        let output = &tool["outputSchema"];
+        // rmcp drops (and clients refuse) an outputSchema whose root is not an object.
+        assert_eq!(output["type"], "object");
+        assert!(
+            !output.to_string().contains("$ref"),
+            "references in {output}"
+        );
+        let required: Vec<&str> = output["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for key in ["ok", "outcome", "stdout", "stderr", "files", "job_id"] {
+            assert!(required.contains(&key), "{key} not required: {required:?}");
+        }
+    }
+
+    #[test]
+    fn every_result_shape_validates_against_the_output_schema() {
+        let schema = airlock_core::schema::observation_schema();
+        let mut killed = full_observation();
+        killed.ok = false;
+        killed.outcome = Outcome::Killed;
+        killed.exit_code = None;
+        killed.signal = Some("SIGKILL".to_owned());
+        let shapes = [
+            full_observation(),
+            killed,
+            airlock_engine::early_error(ErrorKind::PolicyDenied, "too long", "v1"),
+        ];
+        for observation in shapes {
+            let result = observation_result(&observation);
+            let structured = result.structured_content.clone().unwrap();
+            check(&schema, &structured);
+            assert_eq!(result.is_error, Some(!observation.ok));
+        }
+        // The validator does fail: a missing field and a wrong enum value.
+        let mut errors = Vec::new();
+        let broken = json!({"ok": true, "outcome": "exploded"});
+        violations(&schema, &broken, "$", &mut errors);
+        assert!(
+            errors.iter().any(|e| e.contains("stdout missing")),
+            "{errors:?}"
+        );
+        assert!(errors.iter().any(|e| e.contains("exploded")), "{errors:?}");
+    }
+
+    #[test]
+    fn instructions_name_the_client_timeout() {
+        assert_eq!(
+            client_timeout(&Policy::builtin()),
+            std::time::Duration::from_secs(35)
+        );
+        let text = tool::description(&Policy::builtin());
+        assert!(text.contains("35s"), "{text}");
     }
 }

@@ -13,6 +13,11 @@ use serde_json::{Map, Value};
 /// The tool's name.
 pub const TOOL_NAME: &str = "run_code";
 
+/// What a call may take beyond the job's wall time: sandbox setup (an image's first
+/// unpack, a container start, a queue wait) and teardown. Clients are told to wait the
+/// wall time plus this before giving up.
+pub const CALL_SETUP_ALLOWANCE: Duration = Duration::from_secs(30);
+
 /// The arguments of a `run_code` call. `null` for any optional argument means absent
 /// (strict-mode models and CrewAI send every property).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -243,10 +248,14 @@ pub fn description(policy: &Policy) -> String {
          {pids} processes; the source may be at most {source}. {network} \
          The program runs in /work (read-only unless the policy says otherwise) as an \
          unprivileged user; files you pass are placed under /work; /tmp is a small writable \
-         tmpfs. Print what you want to see: the result has stdout (first {stdout} bytes) and \
-         stderr (first {stderr} bytes), *_truncated flags and byte counts, exit_code, and \
+         tmpfs. With return_files true the program also gets a writable /out (at most \
+         {out_max}): regular files it writes there come back in files[] with their content \
+         as content_base64 (up to {inline} in total; larger ones are listed without \
+         content). Print what you want to see: the result has stdout (first {stdout} bytes) \
+         and stderr (first {stderr} bytes), *_truncated flags and byte counts, exit_code, and \
          outcome (exited, timeout, oom, killed, output_limit, or error). ok is true only when \
-         the program exited with code 0.",
+         the program exited with code 0. A call can take {call} (wall time plus setup); \
+         clients should wait at least that long.",
         languages = languages.join(", "),
         timeout = format_duration(limits.timeout),
         memory = limits.memory,
@@ -255,6 +264,9 @@ pub fn description(policy: &Policy) -> String {
         source = limits.source,
         stdout = limits.stdout.as_u64(),
         stderr = limits.stderr.as_u64(),
+        out_max = policy.filesystem.out.max_bytes,
+        inline = policy.filesystem.out.inline_bytes,
+        call = format_duration(limits.timeout + CALL_SETUP_ALLOWANCE),
     )
 }
 

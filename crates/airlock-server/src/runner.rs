@@ -470,15 +470,15 @@ impl airlock_mcp::Executor for Runner {
         Runner::policy(self, tenant)
     }
 
-    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, Observation> {
+    fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult> {
         Box::pin(async move {
             let admitted = match self.admit(tenant.as_deref()).await {
                 Ok(admitted) => admitted,
                 Err(refusal) => {
-                    return refusal_observation(
+                    return airlock_mcp::observation_only(refusal_observation(
                         refusal,
                         &Runner::policy(self, tenant.as_deref()).version,
-                    );
+                    ));
                 }
             };
             // The job runs in its own task: if the MCP call is dropped (client gone,
@@ -490,16 +490,16 @@ impl airlock_mcp::Executor for Runner {
                     .run_until(request, None, gone.cancelled_owned())
                     .await
             });
-            let observation = match task.await {
-                Ok(result) => result.observation,
-                Err(e) => airlock_engine::early_error(
+            let result = match task.await {
+                Ok(result) => result,
+                Err(e) => airlock_mcp::observation_only(airlock_engine::early_error(
                     ErrorKind::Internal,
                     format!("the job's task failed: {e}"),
                     &Runner::policy(self, tenant.as_deref()).version,
-                ),
+                )),
             };
             drop(guard.disarm());
-            observation
+            result
         })
     }
 }

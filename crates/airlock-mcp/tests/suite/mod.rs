@@ -1,0 +1,3 @@
+mod cancel;
+mod common;
+mod files;
