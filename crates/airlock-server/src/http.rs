@@ -20,7 +20,6 @@ use futures_util::StreamExt;
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -443,8 +442,10 @@ async fn method_not_allowed() -> Response {
 /// The router: the API, `/mcp`, and the layers every request goes through.
 pub fn router(state: AppState, mcp_cancel: CancellationToken, loopback_only: bool) -> Router {
     let executor: Arc<dyn airlock_mcp::Executor> = state.runner.clone();
+    // Sessions for clients of protocol versions before 2026-07-28, whose cancellations
+    // arrive on a POST of their own (see mcp_sessions.rs); newer ones are stateless.
     let mut mcp_config = StreamableHttpServerConfig::default()
-        .with_legacy_session_mode(false)
+        .with_legacy_session_mode(true)
         .with_json_response(true)
         .with_cancellation_token(mcp_cancel)
         .with_max_request_body_bytes(state.max_body_bytes);
@@ -455,7 +456,7 @@ pub fn router(state: AppState, mcp_cancel: CancellationToken, loopback_only: boo
     }
     let mcp = StreamableHttpService::new(
         move || Ok(RunCodeServer::new(executor.clone())),
-        Arc::new(NeverSessionManager::default()),
+        Arc::new(crate::mcp_sessions::BoundedSessions::default()),
         mcp_config,
     );
     let protected = Router::new()

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod error;
 pub mod http;
 pub mod listener;
+pub mod mcp_sessions;
 pub mod metrics;
 pub mod openapi;
 pub mod runner;
