@@ -147,7 +147,7 @@ async fn require_token(
             state.runner.metrics().rejected("unauthorized");
             let mut response = error_response(
                 StatusCode::UNAUTHORIZED,
-                ErrorKind::PolicyDenied,
+                ErrorKind::Unauthorized,
                 "a valid bearer token is required (Authorization: Bearer <token>)",
             );
             response

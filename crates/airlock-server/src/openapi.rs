@@ -27,7 +27,7 @@ pub fn document() -> Value {
             "content": {"application/json": {"schema": error.clone()}}
         })
     };
-    let unauthorized = error_response("Missing or wrong bearer token (error.kind policy_denied).");
+    let unauthorized = error_response("Missing or wrong bearer token (error.kind unauthorized).");
     let bearer = json!([{"bearer": []}, {}]);
     json!({
         "openapi": "3.1.0",
