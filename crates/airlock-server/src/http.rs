@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use airlock_core::{ErrorKind, JobRequest, Observation, Outcome};
+use airlock_core::{ErrorKind, JobRequest, JobResult, Observation, Outcome};
 use airlock_engine::{OutputEvent, OutputSink};
 use airlock_mcp::{AuthenticatedTenant, RunCodeServer};
 use axum::body::Bytes;
@@ -246,9 +246,10 @@ async fn post_run(
         Ok(body) => body,
         Err(response) => return response,
     };
+    let policy = state.runner.policy(tenant.as_deref());
     let job = match serde_json::from_slice::<RunRequest>(&body)
         .map_err(|e| format!("the body is not a valid run request: {e}"))
-        .and_then(|r| r.into_job().map_err(|(_, message)| message))
+        .and_then(|r| r.into_job(&policy).map_err(|(_, message)| message))
     {
         Ok(job) => job,
         Err(message) => {
@@ -265,8 +266,9 @@ async fn post_run(
         Ok(admitted) => admitted,
         Err(refusal) => return refusal_response(&state, refusal),
     };
+    let inline_cap = inline_cap(&admitted, &job);
     if stream {
-        return stream_run(&state, admitted, job);
+        return stream_run(&state, admitted, job, inline_cap);
     }
     // The job runs in its own task: if the client goes away (this future is dropped), the
     // guard fires, the job is killed through the engine and still audited.
@@ -287,11 +289,28 @@ async fn post_run(
         }
     };
     drop(guard.disarm());
-    let observation = result.observation;
+    let observation = finish(result, inline_cap);
     let status = observation_status(&observation, *state.phase.borrow());
     tracing::info!(tenant = tenant.as_deref().unwrap_or("-"), job_id = %observation.job_id,
         outcome = observation.outcome.as_str(), status = status.as_u16(), "run");
     json_response(status, to_json(&observation))
+}
+
+/// The decoded bytes of `/out` files a job may return inline: the policy's
+/// `out.inline_bytes` when the request asked for its files (`return_files`), else none.
+fn inline_cap(admitted: &crate::runner::Admitted, job: &JobRequest) -> Option<u64> {
+    job.out
+        .then(|| admitted.policy().filesystem.out.inline_bytes.as_u64())
+}
+
+/// The observation to send: with the released files' content inlined when asked.
+fn finish(mut result: JobResult, inline_cap: Option<u64>) -> Observation {
+    if let Some(cap) = inline_cap {
+        let inlined = result.inline_files(cap);
+        tracing::debug!(job_id = %result.observation.job_id, inlined,
+            listed = result.observation.files.len(), "files returned inline");
+    }
+    result.observation
 }
 
 fn chunk_event(event: &OutputEvent) -> Event {
@@ -309,7 +328,12 @@ fn chunk_event(event: &OutputEvent) -> Event {
 
 /// Runs an admitted job, answering with server-sent events: output chunks, then the
 /// observation. A client that goes away kills the job.
-fn stream_run(state: &AppState, admitted: crate::runner::Admitted, job: JobRequest) -> Response {
+fn stream_run(
+    state: &AppState,
+    admitted: crate::runner::Admitted,
+    job: JobRequest,
+    inline_cap: Option<u64>,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Event>(SSE_BUFFER_EVENTS);
     let chunk_tx = tx.clone();
     let gap = Arc::new(AtomicBool::new(false));
@@ -328,7 +352,7 @@ fn stream_run(state: &AppState, admitted: crate::runner::Admitted, job: JobReque
     state.tasks.spawn(async move {
         // A client that goes away (the stream is dropped) kills the job, which is audited.
         let gone = async move { closed.closed().await };
-        let observation = admitted.run_until(job, Some(sink), gone).await.observation;
+        let observation = finish(admitted.run_until(job, Some(sink), gone).await, inline_cap);
         tracing::info!(job_id = %observation.job_id, outcome = observation.outcome.as_str(),
             status = observation_status(&observation, *phase.borrow()).as_u16(), "run (streamed)");
         let event = Event::default()

@@ -1,21 +1,18 @@
-//! The OpenAPI 3.1 document of the HTTP API, generated from the request and response types
-//! (JSON Schema 2020-12, which OpenAPI 3.1 uses as is).
+//! The OpenAPI 3.1 document of the HTTP API. Its component schemas are derived from the
+//! types the server parses and sends (the request types here, the observation in
+//! airlock-core) through `airlock_core::schema::generator`, which writes enums as plain
+//! `enum` arrays; a snapshot test (`src/snapshots/openapi.json`) shows every change.
 
-use schemars::generate::SchemaSettings;
+use airlock_core::Observation;
 use serde_json::{Value, json};
 
-use crate::api::{ErrorBody, Health, ObservationDoc, OutputChunk, RunRequest};
+use crate::api::{ErrorBody, Health, OutputChunk, RunRequest};
 
 /// The document.
 pub fn document() -> Value {
-    let mut generator = SchemaSettings::draft2020_12()
-        .with(|s| {
-            s.definitions_path = "/components/schemas".into();
-            s.meta_schema = None;
-        })
-        .into_generator();
+    let mut generator = airlock_core::schema::generator("/components/schemas");
     let run_request = generator.subschema_for::<RunRequest>().to_value();
-    let observation = generator.subschema_for::<ObservationDoc>().to_value();
+    let observation = generator.subschema_for::<Observation>().to_value();
     let error = generator.subschema_for::<ErrorBody>().to_value();
     let health = generator.subschema_for::<Health>().to_value();
     let chunk = generator.subschema_for::<OutputChunk>().to_value();
@@ -144,6 +141,43 @@ pub fn document() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+
+    /// The checked-in rendering of the document.
+    fn snapshot_path() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/snapshots/openapi.json")
+    }
+
+    fn walk(value: &Value, visit: &mut dyn FnMut(&serde_json::Map<String, Value>)) {
+        match value {
+            Value::Object(object) => {
+                visit(object);
+                object.values().for_each(|v| walk(v, visit));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, visit)),
+            _ => {}
+        }
+    }
+
+    /// Any change to the document shows as a diff of `src/snapshots/openapi.json`.
+    /// After an intended change: `AIRLOCK_BLESS=1 cargo nextest run -p airlock-server -E
+    /// 'test(/openapi_document_matches/)'`, then review the diff.
+    #[test]
+    fn openapi_document_matches_its_snapshot() {
+        let mut rendered = serde_json::to_string_pretty(&document()).unwrap();
+        rendered.push('\n');
+        let path = snapshot_path();
+        if std::env::var_os("AIRLOCK_BLESS").is_some() {
+            std::fs::write(&path, &rendered).unwrap();
+        }
+        let stored = std::fs::read_to_string(&path).unwrap_or_default();
+        pretty_assertions::assert_eq!(
+            stored,
+            rendered,
+            "{} differs from the rendered document; if the change is intended, rerun with AIRLOCK_BLESS=1 and review the diff",
+            path.display()
+        );
+    }
 
     #[test]
     fn document_is_openapi_3_1_with_resolvable_refs() {
@@ -152,10 +186,11 @@ mod tests {
         let schemas = doc["components"]["schemas"].as_object().unwrap();
         for name in [
             "RunRequest",
-            "ObservationDoc",
+            "Observation",
             "ErrorBody",
             "Health",
             "RequestFile",
+            "OutputChunk",
         ] {
             assert!(
                 schemas.contains_key(name),
@@ -173,5 +208,55 @@ mod tests {
             assert!(schemas.contains_key(name), "{target} does not resolve");
         }
         assert_eq!(schemas["RunRequest"]["additionalProperties"], false);
+    }
+
+    /// What code generators need (openapi-python-client): enums as plain string `enum`s,
+    /// never a `oneOf` of `const`s, and object types without a top-level `anyOf`/`oneOf`
+    /// (which makes it drop `RunRequest`).
+    #[test]
+    fn schemas_are_generator_friendly() {
+        let doc = document();
+        walk(&doc, &mut |object| {
+            assert!(!object.contains_key("oneOf"), "{object:?}");
+            assert!(!object.contains_key("const"), "{object:?}");
+        });
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for (name, schema) in schemas {
+            if schema["type"] == "object" {
+                assert!(schema.get("anyOf").is_none(), "{name}: {schema}");
+            }
+        }
+        for (name, values) in [
+            (
+                "Outcome",
+                json!([
+                    "exited",
+                    "timeout",
+                    "oom",
+                    "killed",
+                    "output_limit",
+                    "error"
+                ]),
+            ),
+            (
+                "ErrorKind",
+                json!([
+                    "invalid_input",
+                    "policy_denied",
+                    "unauthorized",
+                    "backend_unavailable",
+                    "internal"
+                ]),
+            ),
+            ("NetworkChoice", json!(["none", "proxy"])),
+        ] {
+            assert_eq!(schemas[name]["type"], "string", "{name}");
+            assert_eq!(schemas[name]["enum"], values, "{name}");
+        }
+        let request = &schemas["RunRequest"];
+        assert_eq!(request.get("required"), None, "{request}");
+        assert!(request["properties"].get("return_files").is_some());
+        let file = &schemas["OutputFile"];
+        assert!(file["properties"].get("content_base64").is_some());
     }
 }

@@ -383,3 +383,60 @@ async fn an_oversized_request_head_is_431() {
     let ok = client().get(server.url("/v1/health")).send().await.unwrap();
     assert_eq!(ok.status().as_u16(), 200);
 }
+
+/// `{"code": …}` alone runs in the policy's default language (python), and
+/// `return_files` brings /out back inline, byte for byte, within the policy's cap.
+#[tokio::test]
+async fn only_code_runs_as_python_and_return_files_brings_out_back_inline() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let bare = post_run(
+        &server,
+        None,
+        &json!({"code": "import sys; print(sys.version_info[0])"}),
+    )
+    .await;
+    assert_eq!(bare.status, 200, "{:#}", bare.body);
+    assert_eq!(bare.body["stdout"], "3\n");
+
+    let writes = "open('/out/all.bin', 'wb').write(bytes(range(256)))\n\
+                  open('/out/big.bin', 'wb').write(b'x' * (2 << 20))\n\
+                  open('/out/note.txt', 'w').write('done')\n";
+    let answer = post_run(
+        &server,
+        None,
+        &json!({"code": writes, "return_files": true, "language": null}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:#}", answer.body);
+    assert_eq!(answer.body["ok"], true, "{:#}", answer.body);
+    let files = answer.body["files"].as_array().unwrap();
+    let by_path = |p: &str| {
+        files
+            .iter()
+            .find(|f| f["path"] == p)
+            .unwrap_or_else(|| panic!("{p}: {files:?}"))
+    };
+    use base64::Engine as _;
+    let decode = |f: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(f["content_base64"].as_str().unwrap())
+            .unwrap()
+    };
+    assert_eq!(decode(by_path("all.bin")), (0..=255u8).collect::<Vec<_>>());
+    assert_eq!(decode(by_path("note.txt")), b"done");
+    // 2 MiB is past the built-in policy's 1 MiB inline cap: listed, not sent.
+    let big = by_path("big.bin");
+    assert_eq!(big["bytes"], 2 << 20);
+    assert!(big.get("content_base64").is_none(), "{big}");
+
+    // Without return_files there is no /out (and nothing inline).
+    let without = post_run(&server, None, &python("open('/out/a', 'w').write('x')")).await;
+    assert_eq!(without.body["ok"], false, "{:#}", without.body);
+    assert!(
+        without.body["stderr"].as_str().unwrap().contains("/out"),
+        "{:#}",
+        without.body
+    );
+    assert_eq!(without.body["files"], json!([]));
+}

@@ -73,7 +73,10 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
             body,
         };
         assert_error(&answer, 401, "unauthorized");
-        assert_eq!(answer.headers["www-authenticate"], "Bearer", "{method} {path}");
+        assert_eq!(
+            answer.headers["www-authenticate"], "Bearer",
+            "{method} {path}"
+        );
     }
     // Health and the API document need no token.
     for path in ["/v1/health", "/v1/openapi.json"] {
