@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::{ErrorBody, Health, OutputChunk, RunRequest};
 use crate::auth::{TokensFile, bearer_token};
+use crate::metrics::ExpositionFormat;
 use crate::runner::{Phase, Refusal, Runner};
 
 /// Output events buffered for one streamed run. When a client reads slower than the job
@@ -391,16 +392,23 @@ async fn get_health(State(state): State<AppState>) -> Response {
     json_response(status, to_json(&health))
 }
 
-/// `GET /metrics`.
-async fn get_metrics(State(state): State<AppState>) -> Response {
+/// `GET /metrics`: Prometheus text 0.0.4, or OpenMetrics when `Accept` prefers it.
+async fn get_metrics(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
     if let Some(stats) = state.runner.warm_pool_stats() {
         state.runner.metrics().warm_pool(stats);
     }
-    let mut response = state.runner.metrics().render().into_response();
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    let format = ExpositionFormat::negotiate(
+        headers
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
     );
+    let mut response = state.runner.metrics().render(format).into_response();
+    let response_headers = response.headers_mut();
+    response_headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    response_headers.insert(http::header::VARY, HeaderValue::from_static("accept"));
     response
 }
 

@@ -100,9 +100,16 @@ pub fn document() -> Value {
                 "get": {
                     "operationId": "metrics",
                     "summary": "Prometheus metrics",
+                    "description": "Prometheus text format 0.0.4 (`text/plain; version=0.0.4`) by default; \
+                        OpenMetrics 1.0.0 when the Accept header weighs \
+                        `application/openmetrics-text` above `text/plain` (as Prometheus's \
+                        scraper does).",
                     "security": bearer,
                     "responses": {
-                        "200": {"description": "Prometheus text exposition.", "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}},
+                        "200": {"description": "The exposition.", "content": {
+                            "text/plain": {"schema": {"type": "string"}},
+                            "application/openmetrics-text": {"schema": {"type": "string"}}
+                        }},
                         "401": error_response("Missing or wrong bearer token.")
                     }
                 }

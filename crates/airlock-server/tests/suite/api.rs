@@ -274,14 +274,37 @@ async fn health_metrics_openapi_and_tool_schema() {
     assert_eq!(health["status"], "ok");
     let ok = post_run(&server, None, &python("print('x' * 10)")).await;
     assert_eq!(ok.status, 200);
-    let metrics = client()
+    let response = client().get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let metrics = response.text().await.unwrap();
+    assert!(
+        metrics.contains("# TYPE airlock_jobs_total counter\n"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("# EOF"), "{metrics}");
+    // Prometheus's own scrape header prefers OpenMetrics.
+    let response = client()
         .get(server.url("/metrics"))
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        )
         .send()
         .await
-        .unwrap()
-        .text()
-        .await
         .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let openmetrics = response.text().await.unwrap();
+    assert!(
+        openmetrics.contains("# TYPE airlock_jobs counter\n"),
+        "{openmetrics}"
+    );
+    assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
     for needle in [
         "airlock_jobs_total{outcome=\"exited\",backend=\"native\"} 1",
         "airlock_job_duration_seconds_count 1",
