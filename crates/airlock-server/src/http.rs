@@ -241,8 +241,9 @@ async fn post_run(
             return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
         }
     };
-    // The body is parsed as JSON whatever its Content-Type says: `curl -d` and Python's
-    // urllib send form types by default, and a wrong label is no reason to refuse.
+    // The body's Content-Type was checked to be application/json (`refuse_web_pages`):
+    // `curl -d` and Python's urllib label bodies as forms by default, but accepting a
+    // form type would let any web page POST a job without a CORS preflight.
     let body = match read_body(&state, request).await {
         Ok(body) => body,
         Err(response) => return response,
@@ -472,19 +473,71 @@ async fn method_not_allowed() -> Response {
     )
 }
 
+/// Refuses, before anything else runs, what a web page could send: on a server without
+/// tokens (`unauthenticated_port` is its listening port) a `Host` that is not its loopback
+/// address or a foreign `Origin` (403, `policy_denied`); on every server a POST body not
+/// labelled `application/json` (415, `invalid_input`), so a page must preflight.
+async fn refuse_web_pages(
+    State(unauthenticated_port): State<Option<u16>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(refused) = web_page_refusal(&request, unauthenticated_port) {
+        return refused;
+    }
+    next.run(request).await
+}
+
+fn web_page_refusal(request: &Request, unauthenticated_port: Option<u16>) -> Option<Response> {
+    let header = |name| {
+        request
+            .headers()
+            .get(name)
+            .map(|v: &HeaderValue| v.to_str().unwrap_or("\u{fffd}"))
+    };
+    if let Some(port) = unauthenticated_port {
+        let host = header(http::header::HOST)
+            .or_else(|| request.uri().authority().map(http::uri::Authority::as_str));
+        if let Err(message) = crate::local::check_host(host, port)
+            .and_then(|()| crate::local::check_origin(header(http::header::ORIGIN)))
+        {
+            return Some(error_response(
+                StatusCode::FORBIDDEN,
+                ErrorKind::PolicyDenied,
+                message,
+            ));
+        }
+    }
+    if request.method() == http::Method::POST
+        && let Err(message) = crate::local::require_json(header(CONTENT_TYPE))
+    {
+        return Some(error_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorKind::InvalidInput,
+            message,
+        ));
+    }
+    None
+}
+
 /// The router: the API, `/mcp`, and the layers every request goes through.
-pub fn router(state: AppState, mcp_cancel: CancellationToken, loopback_only: bool) -> Router {
+/// `unauthenticated_port` is the listening port of a server without tokens, whose
+/// requests must come from loopback callers ([`crate::local`]).
+pub fn router(
+    state: AppState,
+    mcp_cancel: CancellationToken,
+    unauthenticated_port: Option<u16>,
+) -> Router {
     let executor: Arc<dyn airlock_mcp::Executor> = state.runner.clone();
-    let mut mcp_config = StreamableHttpServerConfig::default()
+    // rmcp's own Host check is off: `refuse_web_pages` checks Host and Origin on every
+    // route, /mcp included, with the listening port; with tokens a page cannot call in
+    // anyway, and real host names must work.
+    let mcp_config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_cancellation_token(mcp_cancel)
-        .with_max_request_body_bytes(state.max_body_bytes);
-    if !loopback_only {
-        // Host checks guard unauthenticated local servers against DNS rebinding; with
-        // tokens required, a browser cannot call in anyway, and real host names must work.
-        mcp_config = mcp_config.disable_allowed_hosts();
-    }
+        .with_max_request_body_bytes(state.max_body_bytes)
+        .disable_allowed_hosts();
     let mcp = StreamableHttpService::new(
         move || Ok(RunCodeServer::new(executor.clone())),
         Arc::new(NeverSessionManager::default()),
@@ -507,6 +560,10 @@ pub fn router(state: AppState, mcp_cancel: CancellationToken, loopback_only: boo
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            unauthenticated_port,
+            refuse_web_pages,
+        ))
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
                 .make_span_with(

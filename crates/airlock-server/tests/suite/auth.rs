@@ -89,6 +89,28 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
         assert_eq!(status.as_u16(), 200, "{path}");
     }
 
+    // With tokens, real host names and any Origin work (a page has no token); bodies
+    // must still be JSON.
+    let named = client()
+        .post(t.server.url("/v1/runs"))
+        .bearer_auth(&t.alice)
+        .header("host", "airlock.internal.example")
+        .header("origin", "https://app.example")
+        .json(&job)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(named.status().as_u16(), 200);
+    let form = client()
+        .post(t.server.url("/v1/runs"))
+        .bearer_auth(&t.alice)
+        .header("content-type", "text/plain")
+        .body(job.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status().as_u16(), 415);
+
     let a = post_run(&t.server, Some(&t.alice), &job).await;
     assert_eq!(a.status, 200, "{:#}", a.body);
     assert_eq!(a.body["policy_version"], "default-1");
@@ -125,7 +147,8 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
 
     // Audit lines name the tenant, in each policy's own log; never the token.
     let alice_lines = t.server.audit_lines();
-    assert_eq!(alice_lines.len(), 2);
+    // Three: the one with a real host name, and two below (the form body never ran).
+    assert_eq!(alice_lines.len(), 3);
     assert!(alice_lines.iter().all(|l| l["tenant"] == "alice"));
     let bob_lines = audit_lines(&t.server.dir.path().join("bob-audit.jsonl"));
     assert_eq!(bob_lines.len(), 2);
