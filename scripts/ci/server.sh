@@ -74,9 +74,7 @@ log "MCP over stdio (airlock mcp) with the mcp package"
 timeout 300 "$py" "$checks" stdio "$AIRLOCK_BIN"
 
 # A tokens file with one fresh tenant.
-"$AIRLOCK_BIN" token new --tenant ci >"$work/token.txt"
-token="$(grep '^alk_' "$work/token.txt")"
-sed -n '/(--tokens FILE):/,$p' "$work/token.txt" | tail -n +2 >"$work/tokens.toml"
+token="$("$AIRLOCK_BIN" token new --tenant ci --tokens-file "$work/tokens.toml")"
 
 log "starting airlock serve"
 "$AIRLOCK_BIN" serve --listen 127.0.0.1:0 --tokens "$work/tokens.toml" --queue 64 \

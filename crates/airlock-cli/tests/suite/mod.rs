@@ -10,3 +10,4 @@ mod probe;
 mod redaction;
 mod rootfs_dir;
 mod rootless;
+mod token;
