@@ -34,8 +34,13 @@ pub fn document() -> Value {
             "summary": "Run untrusted, model-written code in a disposable, hardened sandbox.",
             "description": "Each job runs in a fresh sandbox and comes back as one bounded JSON \
                 observation. With a tokens file every endpoint but /v1/health and \
-                /v1/openapi.json needs `Authorization: Bearer <token>`. The MCP tool server \
-                (streamable HTTP, same auth) is at /mcp.",
+                /v1/openapi.json needs `Authorization: Bearer <token>` (401, error.kind \
+                unauthorized, otherwise). Without a tokens file the server is on loopback \
+                and serves no web page: every request needs a `Host` naming its loopback \
+                address and port, and an absent or loopback `Origin` (403 policy_denied \
+                otherwise). POST bodies must be `Content-Type: application/json` (415 \
+                invalid_input otherwise). The MCP tool server (streamable HTTP, same auth \
+                and checks) is at /mcp.",
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}
         },
         "paths": {
@@ -71,8 +76,9 @@ pub fn document() -> Value {
                             }
                         },
                         "400": error_response("Malformed request (error.kind invalid_input)."),
+                        "415": error_response("The body is not sent as Content-Type: application/json (invalid_input)."),
                         "401": unauthorized,
-                        "403": error_response("The request asks for more than the policy allows (policy_denied)."),
+                        "403": error_response("The request asks for more than the policy allows, or, without tokens, comes with a foreign Host or Origin (policy_denied)."),
                         "408": error_response("The request body did not arrive in time."),
                         "413": error_response("The request body is over the server's limit."),
                         "429": {
@@ -110,7 +116,7 @@ pub fn document() -> Value {
                             "text/plain": {"schema": {"type": "string"}},
                             "application/openmetrics-text": {"schema": {"type": "string"}}
                         }},
-                        "401": error_response("Missing or wrong bearer token.")
+                        "401": error_response("Missing or wrong bearer token (unauthorized).")
                     }
                 }
             },
@@ -125,13 +131,25 @@ pub fn document() -> Value {
             "/v1/tool-schema": {
                 "get": {
                     "operationId": "toolSchema",
-                    "summary": "The run_code tool in OpenAI function-calling shape",
-                    "description": "{\"type\": \"function\", \"function\": {\"name\": \"run_code\", \
-                        \"description\", \"parameters\"}}, with the limits of the caller's policy.",
+                    "summary": "The run_code tool for strict function calling",
+                    "description": "format=chat (the default): {\"type\": \"function\", \"function\": \
+                        {\"name\": \"run_code\", \"description\", \"parameters\", \"strict\": true}}; \
+                        format=responses: {\"type\": \"function\", \"name\", \"description\", \
+                        \"parameters\", \"strict\": true}. The parameters have no $ref, every \
+                        property required (optional ones nullable) and additionalProperties \
+                        false; the description has the limits of the caller's policy.",
                     "security": bearer,
+                    "parameters": [{
+                        "name": "format",
+                        "in": "query",
+                        "required": false,
+                        "description": "The shape: Chat Completions or the Responses API.",
+                        "schema": {"type": "string", "enum": ["chat", "responses"], "default": "chat"}
+                    }],
                     "responses": {
                         "200": {"description": "The tool.", "content": {"application/json": {"schema": {"type": "object"}}}},
-                        "401": error_response("Missing or wrong bearer token.")
+                        "400": error_response("An unknown format, or strict=false (invalid_input)."),
+                        "401": error_response("Missing or wrong bearer token (unauthorized).")
                     }
                 }
             }
