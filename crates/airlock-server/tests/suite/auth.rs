@@ -25,6 +25,7 @@ fn start() -> Tenants {
                 .into(),
         )],
         args: ["--max-in-flight", "4"].map(String::from).to_vec(),
+        ..Default::default()
     });
     Tenants { server, alice, bob }
 }

@@ -58,6 +58,8 @@ pub struct Opts {
     pub tokens: Option<String>,
     /// Extra files (name, content) written in the state dir first.
     pub files: Vec<(String, String)>,
+    /// `AIRLOCK_LOG` (default `info`).
+    pub log_filter: Option<String>,
 }
 
 impl Server {
@@ -76,7 +78,7 @@ impl Server {
         cmd.args(&opts.args)
             .current_dir(dir.path())
             .env("AIRLOCK_STATE_DIR", dir.path())
-            .env("AIRLOCK_LOG", "info")
+            .env("AIRLOCK_LOG", opts.log_filter.as_deref().unwrap_or("info"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
