@@ -478,17 +478,22 @@ async fn method_not_allowed() -> Response {
 /// address or a foreign `Origin` (403, `policy_denied`); on every server a POST body not
 /// labelled `application/json` (415, `invalid_input`), so a page must preflight.
 async fn refuse_web_pages(
-    State(unauthenticated_port): State<Option<u16>>,
+    State((unauthenticated_port, metrics)): State<(Option<u16>, Arc<crate::metrics::Metrics>)>,
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(refused) = web_page_refusal(&request, unauthenticated_port) {
+    if let Some((reason, refused)) = web_page_refusal(&request, unauthenticated_port) {
+        metrics.rejected(reason);
         return refused;
     }
     next.run(request).await
 }
 
-fn web_page_refusal(request: &Request, unauthenticated_port: Option<u16>) -> Option<Response> {
+/// The refusal of a request a web page could have sent, and its metrics reason.
+fn web_page_refusal(
+    request: &Request,
+    unauthenticated_port: Option<u16>,
+) -> Option<(&'static str, Response)> {
     let header = |name| {
         request
             .headers()
@@ -501,20 +506,22 @@ fn web_page_refusal(request: &Request, unauthenticated_port: Option<u16>) -> Opt
         if let Err(message) = crate::local::check_host(host, port)
             .and_then(|()| crate::local::check_origin(header(http::header::ORIGIN)))
         {
-            return Some(error_response(
-                StatusCode::FORBIDDEN,
-                ErrorKind::PolicyDenied,
-                message,
+            return Some((
+                "foreign_host",
+                error_response(StatusCode::FORBIDDEN, ErrorKind::PolicyDenied, message),
             ));
         }
     }
     if request.method() == http::Method::POST
         && let Err(message) = crate::local::require_json(header(CONTENT_TYPE))
     {
-        return Some(error_response(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ErrorKind::InvalidInput,
-            message,
+        return Some((
+            "not_json",
+            error_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorKind::InvalidInput,
+                message,
+            ),
         ));
     }
     None
@@ -559,9 +566,9 @@ pub fn router(
         .merge(public)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
+        .with_state(state.clone())
         .layer(axum::middleware::from_fn_with_state(
-            unauthenticated_port,
+            (unauthenticated_port, state.runner.metrics().clone()),
             refuse_web_pages,
         ))
         .layer(

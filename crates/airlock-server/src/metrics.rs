@@ -31,7 +31,8 @@ pub struct StreamLabels {
 /// Why a request was turned away before it ran.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
-    /// `queue_full`, `shutting_down`, `unauthorized`, `body_too_large`, `bad_request`.
+    /// `queue_full`, `shutting_down`, `unauthorized`, `body_too_large`, `bad_request`,
+    /// `foreign_host` (a foreign Host or Origin without tokens), `not_json`.
     pub reason: String,
 }
 

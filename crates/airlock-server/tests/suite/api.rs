@@ -572,4 +572,19 @@ async fn a_server_without_tokens_serves_no_web_page() {
         let answer = send(reqwest::Method::POST, "/v1/runs", &headers).await;
         assert_eq!(answer.status, 200, "{headers:?}: {:#}", answer.body);
     }
+    // Each refusal is counted: 3 untyped bodies; 3 hosts on 6 routes and 1 origin.
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "airlock_requests_rejected_total{reason=\"not_json\"} 3\n",
+        "airlock_requests_rejected_total{reason=\"foreign_host\"} 19\n",
+    ] {
+        assert!(metrics.contains(needle), "{needle} not in:\n{metrics}");
+    }
 }
