@@ -70,7 +70,16 @@ pub fn document() -> Value {
                             "content": {
                                 "application/json": {"schema": observation},
                                 "text/event-stream": {
-                                    "schema": {"type": "string"},
+                                    // OpenAPI 3.1 (without 3.2's itemSchema): `schema` is one event.
+                                    "schema": {
+                                        "type": "object",
+                                        "description": "One server-sent event: `stdout` and `stderr` carry an OutputChunk as JSON, the last one, `observation`, the Observation as JSON (see x-events).",
+                                        "properties": {
+                                            "event": {"type": "string", "enum": ["stdout", "stderr", "observation"]},
+                                            "data": {"type": "string", "description": "The event's JSON."}
+                                        },
+                                        "required": ["event", "data"]
+                                    },
                                     "x-events": {"stdout": chunk.clone(), "stderr": chunk, "observation": observation}
                                 }
                             }
