@@ -72,7 +72,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Print a new random token and the lines that add it to a tokens file.
+    /// Print a new random token (alone, on stdout) and add it to a tokens file: with
+    /// --tokens-file FILE the entry is appended there, otherwise its lines go to stderr.
     New {
         /// The tenant the token belongs to (appears in audit lines and logs).
         #[arg(long, value_name = "NAME")]
@@ -83,6 +84,10 @@ pub enum TokenCommand {
         /// Jobs of this tenant running at once.
         #[arg(long, value_name = "N")]
         max_in_flight: Option<usize>,
+        /// Append the entry (the token's digest, never the token) to this tokens file,
+        /// created with mode 0600 when missing; refused when group or others may write it.
+        #[arg(long, value_name = "FILE")]
+        tokens_file: Option<PathBuf>,
     },
     /// Print the digest line of an existing token read from stdin.
     Hash,
@@ -176,6 +181,7 @@ pub fn token(command: TokenCommand) -> ExitCode {
             tenant,
             policy,
             max_in_flight,
+            tokens_file,
         } => {
             let token = match airlock_server::auth::generate_token() {
                 Ok(token) => token,
@@ -184,21 +190,41 @@ pub fn token(command: TokenCommand) -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match airlock_server::auth::new_token_text(
+            let entry = match airlock_server::auth::tokens_file_entry(
                 &tenant,
                 &token,
                 policy.as_deref(),
                 max_in_flight,
             ) {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
+                Ok(entry) => entry,
                 Err(e) => {
                     eprintln!("airlock token new: {e}");
-                    ExitCode::from(2)
+                    return ExitCode::from(2);
                 }
+            };
+            // stdout carries the token alone, so `airlock token new ... > token.txt` (or
+            // `TOKEN=$(airlock token new ...)`) gets exactly the secret.
+            match &tokens_file {
+                Some(path) => {
+                    if let Err(e) = airlock_server::auth::append_to_tokens_file(path, &entry) {
+                        eprintln!("airlock token new: {}", error_chain(&e));
+                        return ExitCode::from(1);
+                    }
+                    eprintln!(
+                        "airlock token new: tenant {tenant} added to {} (its digest only); the \
+                         token below is shown once and stored nowhere",
+                        path.display()
+                    );
+                }
+                None => eprint!(
+                    "# The token is on stdout: give it to the client as `Authorization: Bearer \
+                     <token>`;\n# it is shown once and stored nowhere. Add these lines to the \
+                     tokens file (--tokens FILE),\n# or rerun with --tokens-file FILE to append \
+                     them:\n{entry}"
+                ),
             }
+            println!("{token}");
+            ExitCode::SUCCESS
         }
         TokenCommand::Hash => {
             let mut line = String::new();

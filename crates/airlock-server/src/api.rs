@@ -1,25 +1,33 @@
 //! The HTTP API's JSON: the run request (parsed with unknown fields rejected), the error
-//! body, and schema mirrors of the observation. The OpenAPI document is generated from
-//! these types, and a test proves the observation mirror matches the real observation
-//! field for field, so the document cannot drift from what the server sends.
+//! body, health and stream chunks. Their JSON Schemas, and the observation's, are derived
+//! from these and airlock-core's types (`airlock_core::schema`), so the OpenAPI document
+//! cannot drift from what the server parses and sends.
 
 use std::collections::BTreeMap;
 
+use airlock_core::observation::ErrorInfo;
 use airlock_core::policy::NetworkMode;
 use airlock_core::units::parse_duration;
-use airlock_core::{ByteSize, Cpus, ErrorKind, JobRequest, LimitsRequest, NetworkRequest};
+use airlock_core::{
+    ByteSize, Cpus, ErrorKind, JobRequest, LimitsRequest, NetworkRequest, Outcome, Policy,
+};
 use airlock_mcp::tool::{ParamsError, decode_file, seconds};
 use base64::Engine as _;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A job, as `POST /v1/runs` takes it.
+/// A job, as `POST /v1/runs` takes it. Exactly one of `code` and `code_base64` must be
+/// given (a request with neither or both is `invalid_input`); `null` for any optional
+/// field means absent.
+// The "exactly one" rule is checked in `into_job`, not stated as a schema `anyOf`: a
+// top-level `anyOf` makes code generators (openapi-python-client) drop the request type.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend("anyOf" = [{"required": ["code"]}, {"required": ["code_base64"]}]))]
 pub struct RunRequest {
-    /// A language the policy defines (the built-in policy: python, node, bash, sh).
-    pub language: String,
+    /// A language the policy defines (the built-in policy: python, node, bash, sh); the
+    /// policy's default language (python) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
     /// The program's source as UTF-8 text. Give exactly one of `code` and `code_base64`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
@@ -80,6 +88,17 @@ pub struct RunRequest {
     )]
     #[schemars(with = "BTreeMap<String, String>")]
     pub env: BTreeMap<String, String>,
+    /// Give the program a writable /out and return the files it leaves there inline: each
+    /// released file of the observation's `files` then carries `content_base64`, in order,
+    /// while their total stays within the policy's `[filesystem] out.inline_bytes`; files
+    /// past it are listed without content. `false` (the default) runs without /out.
+    #[serde(
+        default,
+        skip_serializing_if = "std::ops::Not::not",
+        deserialize_with = "airlock_core::schema::null_as_default"
+    )]
+    #[schemars(with = "bool")]
+    pub return_files: bool,
 }
 
 /// The network a job asks for.
@@ -119,9 +138,10 @@ fn invalid(message: String) -> ParamsError {
 }
 
 impl RunRequest {
-    /// The job this request asks for. Malformed values are `invalid_input`; the policy's
-    /// ceilings are checked later, by the engine.
-    pub fn into_job(self) -> Result<JobRequest, ParamsError> {
+    /// The job this request asks for under `policy` (which gives the default language).
+    /// Malformed values are `invalid_input`; the policy's ceilings are checked later, by
+    /// the engine.
+    pub fn into_job(self, policy: &Policy) -> Result<JobRequest, ParamsError> {
         let source = match (self.code, self.code_base64) {
             (Some(code), None) => code.into_bytes(),
             (None, Some(b64)) => base64::engine::general_purpose::STANDARD
@@ -174,7 +194,9 @@ impl RunRequest {
             Some(NetworkChoice::Proxy) => NetworkMode::Proxy,
         };
         Ok(JobRequest {
-            language: self.language,
+            language: self
+                .language
+                .unwrap_or_else(|| policy.default_language().to_owned()),
             source,
             files,
             stdin: self.stdin.map(String::into_bytes),
@@ -190,7 +212,7 @@ impl RunRequest {
                 allow: self.allow,
             },
             env: self.env,
-            out: false,
+            out: self.return_files,
         })
     }
 }
@@ -202,9 +224,9 @@ pub struct ErrorBody {
     /// Always false.
     pub ok: bool,
     /// Always "error".
-    pub outcome: OutcomeDoc,
+    pub outcome: Outcome,
     /// What went wrong.
-    pub error: ErrorInfoDoc,
+    pub error: ErrorInfo,
     /// The job's id, when the request reached the engine (and its audit log).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
@@ -215,23 +237,13 @@ impl ErrorBody {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
             ok: false,
-            outcome: OutcomeDoc::Error,
-            error: ErrorInfoDoc {
-                kind: kind_doc(kind),
+            outcome: Outcome::Error,
+            error: ErrorInfo {
+                kind,
                 message: message.into(),
             },
             job_id: None,
         }
-    }
-}
-
-fn kind_doc(kind: ErrorKind) -> ErrorKindDoc {
-    match kind {
-        ErrorKind::InvalidInput => ErrorKindDoc::InvalidInput,
-        ErrorKind::PolicyDenied => ErrorKindDoc::PolicyDenied,
-        ErrorKind::Unauthorized => ErrorKindDoc::Unauthorized,
-        ErrorKind::BackendUnavailable => ErrorKindDoc::BackendUnavailable,
-        ErrorKind::Internal => ErrorKindDoc::Internal,
     }
 }
 
@@ -259,277 +271,36 @@ pub struct OutputChunk {
     pub text: String,
 }
 
-// ---- Schema mirrors of airlock-core's observation (core stays free of schemars). ----
-
-/// How a job ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeDoc {
-    /// The program exited by itself.
-    Exited,
-    /// The wall-time limit killed it.
-    Timeout,
-    /// The memory limit killed it.
-    Oom,
-    /// A signal killed it.
-    Killed,
-    /// It produced more output than the flood limit and was killed.
-    OutputLimit,
-    /// The sandbox could not run it.
-    Error,
-}
-
-/// The class of an executor-side failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKindDoc {
-    /// Malformed request (400), including a body over the limit (413).
-    InvalidInput,
-    /// Beyond the policy (403); today also a missing or wrong token (401), until the
-    /// server answers those as `unauthorized`.
-    PolicyDenied,
-    /// Not authenticated (401).
-    Unauthorized,
-    /// The backend cannot run jobs now (503), or the queue is full (429).
-    BackendUnavailable,
-    /// airlock failed (500), or the job was interrupted by a shutdown.
-    Internal,
-}
-
-/// The backend that ran the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendDoc {
-    /// Linux namespaces, seccomp and cgroups.
-    Native,
-    /// Docker Engine API.
-    Docker,
-    /// Podman.
-    Podman,
-    /// gVisor.
-    Gvisor,
-    /// Kubernetes.
-    Kube,
-}
-
-/// An executor-side failure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ErrorInfoDoc {
-    /// Its class.
-    pub kind: ErrorKindDoc,
-    /// What went wrong, for a human.
-    pub message: String,
-}
-
-/// A file released from /out.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OutputFileDoc {
-    /// Path relative to /out.
-    pub path: String,
-    /// Size.
-    pub bytes: u64,
-    /// SHA-256, lowercase hex.
-    pub sha256: String,
-    /// Media type sniffed from the content.
-    pub media_type: String,
-    /// Secret-shaped strings replaced in it.
-    pub redactions: u64,
-}
-
-/// A file of /out that was not released.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RejectedFileDoc {
-    /// Path relative to /out.
-    pub path: String,
-    /// Why.
-    pub reason: String,
-}
-
-/// What went through the egress proxy (proxy mode only).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NetworkCountsDoc {
-    /// Requests and tunnels, allowed or denied.
-    pub connections: u64,
-    /// How many of them were refused.
-    pub denied: u64,
-    /// Bytes sent upstream.
-    pub bytes_up: u64,
-    /// Bytes received from upstreams.
-    pub bytes_down: u64,
-    /// A proxy limit that was hit (`connections`, `bytes`, ...), if one was.
-    pub limit_hit: Option<String>,
-}
-
-/// The observation: the bounded JSON result of one job (DESIGN §2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ObservationDoc {
-    /// The job's id (UUID v7), also in the audit log.
-    pub job_id: String,
-    /// True only for `exited` with exit code 0.
-    pub ok: bool,
-    /// How the job ended.
-    pub outcome: OutcomeDoc,
-    /// The program's exit code, when it exited.
-    pub exit_code: Option<i32>,
-    /// The signal that killed the program, e.g. "SIGKILL".
-    pub signal: Option<String>,
-    /// The kept stdout (the first bytes up to the policy's cap), escaped.
-    pub stdout: String,
-    /// The kept stderr, escaped.
-    pub stderr: String,
-    /// Every byte written to stdout.
-    pub stdout_bytes: u64,
-    /// Every byte written to stderr.
-    pub stderr_bytes: u64,
-    /// Whether stdout was cut.
-    pub stdout_truncated: bool,
-    /// Whether stderr was cut.
-    pub stderr_truncated: bool,
-    /// Secret-shaped strings replaced.
-    pub redactions: u64,
-    /// Wall time of the program.
-    pub duration_ms: u64,
-    /// CPU time of every process of the job.
-    pub cpu_ms: Option<u64>,
-    /// Peak memory of the job.
-    pub peak_memory_bytes: Option<u64>,
-    /// Files released from /out.
-    pub files: Vec<OutputFileDoc>,
-    /// The backend that ran the job.
-    pub backend: BackendDoc,
-    /// The image, when the rootfs is an image.
-    pub image_digest: Option<String>,
-    /// The policy's version.
-    pub policy_version: String,
-    /// Set only when `outcome` is "error".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorInfoDoc>,
-    /// What went through the egress proxy (proxy mode only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<NetworkCountsDoc>,
-    /// Files of /out that were not released (absent when none).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rejected_files: Vec<RejectedFileDoc>,
-    /// Controls that held only in a weaker form the policy accepted (absent when none).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub degraded: Vec<String>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_core::observation::{ErrorInfo, NetworkCounts, OutputFile};
-    use airlock_core::{BackendKind, JobId, Observation, Outcome, RejectedFile};
+    use airlock_core::{BackendKind, JobId, Observation};
     use pretty_assertions::assert_eq;
     use serde_json::json;
 
-    /// Every field set. A struct literal on purpose: a field added to the observation
-    /// stops this from compiling until the documented mirror (and this test) has it too.
-    fn full_observation(outcome: Outcome, kind: ErrorKind, backend: BackendKind) -> Observation {
-        Observation {
-            job_id: JobId::generate(),
-            ok: false,
-            outcome,
-            exit_code: Some(3),
-            signal: Some("SIGKILL".into()),
-            stdout: "out".into(),
-            stderr: "err".into(),
-            stdout_bytes: 3,
-            stderr_bytes: 3,
-            stdout_truncated: true,
-            stderr_truncated: true,
-            redactions: 1,
-            duration_ms: 5,
-            cpu_ms: Some(1),
-            peak_memory_bytes: Some(2),
-            files: vec![OutputFile {
-                path: "a".into(),
-                bytes: 1,
-                sha256: "00".into(),
-                media_type: "text/plain".into(),
-                redactions: 0,
-                content_base64: None,
-            }],
-            backend,
-            image_digest: Some("sha256:00".into()),
-            policy_version: "v1".into(),
-            error: Some(ErrorInfo {
-                kind,
-                message: "m".into(),
-            }),
-            network: Some(NetworkCounts {
-                connections: 2,
-                denied: 1,
-                bytes_up: 10,
-                bytes_down: 20,
-                limit_hit: Some("bytes".into()),
-            }),
-            rejected_files: vec![RejectedFile {
-                path: "b".into(),
-                reason: "symlink".into(),
-            }],
-            degraded: vec!["memory: RLIMIT_AS".into()],
-        }
+    fn policy() -> Policy {
+        Policy::builtin()
     }
 
-    /// The mirror has exactly the observation's fields and values: anything the server
-    /// sends parses as the documented schema and re-encodes identically.
+    /// Every error observation the engine makes is also a valid error body.
     #[test]
-    fn observation_mirror_matches_the_real_observation() {
-        let outcomes = [
-            Outcome::Exited,
-            Outcome::Timeout,
-            Outcome::Oom,
-            Outcome::Killed,
-            Outcome::OutputLimit,
-            Outcome::Error,
-        ];
-        let kinds = [
+    fn error_observations_are_error_bodies() {
+        for kind in [
             ErrorKind::InvalidInput,
             ErrorKind::PolicyDenied,
             ErrorKind::Unauthorized,
             ErrorKind::BackendUnavailable,
             ErrorKind::Internal,
-        ];
-        let backends = [
-            BackendKind::Native,
-            BackendKind::Docker,
-            BackendKind::Podman,
-            BackendKind::Gvisor,
-            BackendKind::Kube,
-        ];
-        for (i, outcome) in outcomes.into_iter().enumerate() {
-            let obs = full_observation(
-                outcome,
-                kinds[i % kinds.len()],
-                backends[i % backends.len()],
-            );
-            let real = serde_json::to_value(&obs).unwrap();
-            let doc: ObservationDoc = serde_json::from_value(real.clone()).unwrap();
-            assert_eq!(serde_json::to_value(&doc).unwrap(), real);
-            let minimal = Observation::error(
-                JobId::generate(),
-                backends[i % backends.len()],
-                "v",
-                kinds[i % kinds.len()],
-                "m",
-            );
-            let real = serde_json::to_value(&minimal).unwrap();
-            let doc: ObservationDoc = serde_json::from_value(real.clone()).unwrap();
-            assert_eq!(serde_json::to_value(&doc).unwrap(), real);
-            // Every error observation is also a valid error body.
+        ] {
+            let observation =
+                Observation::error(JobId::generate(), BackendKind::Native, "v", kind, "m");
+            let real = serde_json::to_value(&observation).unwrap();
             let body: ErrorBody = serde_json::from_value(real).unwrap();
-            assert_eq!(body.job_id.as_deref(), Some(minimal.job_id.as_str()));
-        }
-        for kind in kinds {
+            assert_eq!(body.job_id.as_deref(), Some(observation.job_id.as_str()));
+            assert_eq!(body.error.kind, kind);
             assert_eq!(
-                serde_json::to_value(kind_doc(kind)).unwrap(),
-                serde_json::to_value(kind).unwrap()
+                serde_json::to_value(ErrorBody::new(kind, "m")).unwrap()["error"]["kind"],
+                kind.as_str()
             );
         }
     }
@@ -550,7 +321,7 @@ mod tests {
             "env": {"A": "b"}
         }))
         .unwrap();
-        let job = request.into_job().unwrap();
+        let job = request.into_job(&policy()).unwrap();
         assert_eq!(job.source, b"print(1)");
         assert!(job.files[0].executable);
         assert_eq!(job.files[1].content, vec![0, 1]);
@@ -564,7 +335,7 @@ mod tests {
             json!({"language": "sh", "code_base64": "ZWNobyD/", "timeout_s": 0.5}),
         )
         .unwrap();
-        let job = b64.into_job().unwrap();
+        let job = b64.into_job(&policy()).unwrap();
         assert_eq!(job.source, b"echo \xff");
         assert_eq!(
             job.limits.timeout,
@@ -576,15 +347,37 @@ mod tests {
     #[test]
     fn null_means_absent() {
         let request: RunRequest = serde_json::from_value(json!({
-            "language": "python", "code": "print(1)", "code_base64": null,
+            "language": null, "code": "print(1)", "code_base64": null,
             "files": null, "stdin": null, "args": null, "timeout": null, "timeout_s": null,
             "memory": null, "cpus": null, "pids": null, "network": null, "allow": null,
-            "env": null
+            "env": null, "return_files": null
         }))
         .unwrap();
-        let job = request.into_job().unwrap();
+        let job = request.into_job(&policy()).unwrap();
         assert!(job.files.is_empty() && job.args.is_empty() && job.env.is_empty());
         assert_eq!(job.limits.timeout, None);
+        assert_eq!(job.language, "python");
+        assert!(!job.out);
+    }
+
+    /// `{"code": …}` alone runs in the policy's default language, which is the policy's,
+    /// not a constant; `return_files` asks for /out.
+    #[test]
+    fn the_language_defaults_to_the_policy_s_and_return_files_asks_for_out() {
+        let only_code: RunRequest = serde_json::from_value(json!({"code": "echo"})).unwrap();
+        assert_eq!(
+            only_code.clone().into_job(&policy()).unwrap().language,
+            "python"
+        );
+        let shells = Policy::from_toml(
+            "version = \"v\"\n[languages.sh]\ncommand = [\"sh\", \"{file}\"]\nfile = \"m.sh\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(only_code.into_job(&shells).unwrap().language, "sh");
+        let files: RunRequest =
+            serde_json::from_value(json!({"code": "", "return_files": true})).unwrap();
+        assert!(files.into_job(&policy()).unwrap().out);
     }
 
     #[test]
@@ -607,7 +400,7 @@ mod tests {
             json!({"language": "python", "code": "", "files": [{"path": "a", "content": "", "content_base64": ""}]}),
         ] {
             let request: RunRequest = serde_json::from_value(bad.clone()).unwrap();
-            let (kind, _) = request.into_job().unwrap_err();
+            let (kind, _) = request.into_job(&policy()).unwrap_err();
             assert_eq!(kind, ErrorKind::InvalidInput, "{bad}");
         }
     }

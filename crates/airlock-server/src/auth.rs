@@ -185,8 +185,9 @@ pub fn generate_token() -> Result<String, ServerError> {
     ))
 }
 
-/// The text `airlock token new` prints: the token, and the lines for the tokens file.
-pub fn new_token_text(
+/// The tokens-file entry of a new token: `[tenants.NAME]` with the token's digest (never
+/// the token), and the tenant's policy and limit when given.
+pub fn tokens_file_entry(
     tenant: &str,
     token: &str,
     policy: Option<&Path>,
@@ -197,19 +198,96 @@ pub fn new_token_text(
             "tenant {tenant:?}: a tenant name is 1-{TENANT_NAME_MAX_BYTES} characters of [A-Za-z0-9._-]"
         ));
     }
+    if max_in_flight == Some(0) {
+        return Err("max_in_flight: must be at least 1".to_owned());
+    }
     let mut text = format!(
-        "# The token (give it to the client as `Authorization: Bearer <token>`; it is shown once\n\
-         # and stored nowhere):\n{token}\n\n# Add to the tokens file (--tokens FILE):\n\
-         [tenants.{tenant}]\ntokens = [\"{}\"]\n",
+        "[tenants.{tenant}]\ntokens = [\"{}\"]\n",
         token_digest(token)
     );
     if let Some(policy) = policy {
-        text.push_str(&format!("policy = {:?}\n", policy.display().to_string()));
+        let quoted = toml::Value::String(policy.display().to_string()).to_string();
+        text.push_str(&format!("policy = {quoted}\n"));
     }
     if let Some(n) = max_in_flight {
         text.push_str(&format!("max_in_flight = {n}\n"));
     }
     Ok(text)
+}
+
+/// Appends `entry` (from [`tokens_file_entry`]) to the tokens file at `path`, creating it
+/// with mode 0600 when missing. Refused, with the file untouched: a path that is a
+/// symlink or not a regular file, a file that group or others may write (whoever can
+/// write it can add their own token), and a result that would not load (the tenant is
+/// already there, or the file was invalid already).
+pub fn append_to_tokens_file(path: &Path, entry: &str) -> Result<(), ServerError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let unsafe_file = |reason: String| ServerError::UnsafeTokensFile {
+        path: path.to_owned(),
+        reason,
+    };
+    let write_error = |source| ServerError::WriteTokens {
+        path: path.to_owned(),
+        source,
+    };
+    let existing = match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(unsafe_file(
+                "is a symlink; give the file it points to".into(),
+            ));
+        }
+        Ok(meta) if !meta.is_file() => return Err(unsafe_file("not a regular file".into())),
+        Ok(meta) if meta.mode() & 0o022 != 0 => {
+            return Err(unsafe_file(format!(
+                "mode {:04o} lets group or others write it (and add their own token); \
+                 chmod go-w it first",
+                meta.mode() & 0o7777
+            )));
+        }
+        Ok(_) => Some(
+            std::fs::read_to_string(path).map_err(|source| ServerError::ReadTokens {
+                path: path.to_owned(),
+                source,
+            })?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => {
+            return Err(ServerError::ReadTokens {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let mut addition = String::new();
+    if let Some(text) = &existing {
+        if !text.is_empty() && !text.ends_with('\n') {
+            addition.push('\n');
+        }
+        if !text.trim().is_empty() {
+            addition.push('\n');
+        }
+    }
+    addition.push_str(entry);
+    let combined = format!("{}{addition}", existing.as_deref().unwrap_or(""));
+    let base = path.parent().unwrap_or(Path::new("."));
+    TokensFile::parse(&combined, base).map_err(|reason| ServerError::ParseTokens {
+        path: path.to_owned(),
+        reason: format!("{reason} (nothing was written)"),
+    })?;
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create_new(existing.is_none())
+        .mode(0o600)
+        .open(path)
+        .map_err(write_error)?;
+    // The file may have been swapped between the check and the open.
+    let meta = file.metadata().map_err(write_error)?;
+    if meta.mode() & 0o022 != 0 || !meta.is_file() {
+        return Err(unsafe_file("changed while it was being checked".into()));
+    }
+    file.write_all(addition.as_bytes()).map_err(write_error)?;
+    file.sync_all().map_err(write_error)
 }
 
 #[cfg(test)]
@@ -281,13 +359,75 @@ mod tests {
     }
 
     #[test]
-    fn new_token_text_has_the_digest_not_just_the_token() {
-        let text = new_token_text("alice", "alk_x", Some(Path::new("p.toml")), Some(3)).unwrap();
+    fn an_entry_has_the_digest_not_the_token() {
+        let text =
+            tokens_file_entry("alice", "alk_x", Some(Path::new("p \"q\".toml")), Some(3)).unwrap();
         assert!(text.contains(&token_digest("alk_x")));
+        assert!(!text.contains("alk_x\""));
         assert!(text.contains("[tenants.alice]"));
         assert!(text.contains("max_in_flight = 3"));
-        let toml_part = text.split("(--tokens FILE):\n").nth(1).unwrap();
-        TokensFile::parse(toml_part, Path::new("/")).unwrap();
-        assert!(new_token_text("a b", "t", None, None).is_err());
+        let file = TokensFile::parse(&text, Path::new("/")).unwrap();
+        assert_eq!(file.authenticate("alk_x").unwrap().name, "alice");
+        assert_eq!(
+            file.tenants[0].policy.as_deref(),
+            Some(Path::new("/p \"q\".toml"))
+        );
+        assert!(tokens_file_entry("a b", "t", None, None).is_err());
+        assert!(tokens_file_entry("a", "t", None, Some(0)).is_err());
+    }
+
+    #[test]
+    fn appending_creates_0600_adds_tenants_and_refuses_unsafe_files() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        append_to_tokens_file(&path, &tokens_file_entry("a", "alk_a", None, None).unwrap())
+            .unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        append_to_tokens_file(
+            &path,
+            &tokens_file_entry("b", "alk_b", None, Some(2)).unwrap(),
+        )
+        .unwrap();
+        let file = TokensFile::load(&path).unwrap();
+        assert_eq!(file.authenticate("alk_a").unwrap().name, "a");
+        assert_eq!(file.authenticate("alk_b").unwrap().max_in_flight, Some(2));
+        // The same tenant twice would not load: refused, file unchanged.
+        let before = std::fs::read(&path).unwrap();
+        let err =
+            append_to_tokens_file(&path, &tokens_file_entry("a", "alk_c", None, None).unwrap())
+                .unwrap_err();
+        assert!(matches!(err, ServerError::ParseTokens { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        // Writable by others: refused, untouched.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o622)).unwrap();
+        let err =
+            append_to_tokens_file(&path, &tokens_file_entry("c", "alk_c", None, None).unwrap())
+                .unwrap_err();
+        assert!(matches!(err, ServerError::UnsafeTokensFile { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        // A symlink: refused.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let err =
+            append_to_tokens_file(&link, &tokens_file_entry("c", "alk_c", None, None).unwrap())
+                .unwrap_err();
+        assert!(matches!(err, ServerError::UnsafeTokensFile { .. }), "{err}");
+        // A file without a final newline still gets a valid entry.
+        let bare = dir.path().join("bare.toml");
+        std::fs::write(&bare, "# tokens").unwrap();
+        std::fs::set_permissions(&bare, std::fs::Permissions::from_mode(0o600)).unwrap();
+        append_to_tokens_file(&bare, &tokens_file_entry("d", "alk_d", None, None).unwrap())
+            .unwrap();
+        assert_eq!(
+            TokensFile::load(&bare)
+                .unwrap()
+                .authenticate("alk_d")
+                .unwrap()
+                .name,
+            "d"
+        );
     }
 }

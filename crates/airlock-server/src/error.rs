@@ -49,6 +49,22 @@ pub enum ServerError {
     /// A signal handler cannot be installed.
     #[error("install signal handlers")]
     Signals(#[source] std::io::Error),
+    /// The tokens file is not safe to add a token to.
+    #[error("tokens file {path}: {reason}")]
+    UnsafeTokensFile {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The tokens file cannot be written.
+    #[error("write tokens file {path}")]
+    WriteTokens {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The random source cannot be read (for new tokens).
     #[error("read random bytes")]
     Random(#[source] std::io::Error),

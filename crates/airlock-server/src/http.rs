@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use airlock_core::{ErrorKind, JobRequest, Observation, Outcome};
+use airlock_core::{ErrorKind, JobRequest, JobResult, Observation, Outcome};
 use airlock_engine::{OutputEvent, OutputSink};
 use airlock_mcp::{AuthenticatedTenant, RunCodeServer};
 use axum::body::Bytes;
@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::{ErrorBody, Health, OutputChunk, RunRequest};
 use crate::auth::{TokensFile, bearer_token};
+use crate::metrics::ExpositionFormat;
 use crate::runner::{Phase, Refusal, Runner};
 
 /// Output events buffered for one streamed run. When a client reads slower than the job
@@ -146,7 +147,7 @@ async fn require_token(
             state.runner.metrics().rejected("unauthorized");
             let mut response = error_response(
                 StatusCode::UNAUTHORIZED,
-                ErrorKind::PolicyDenied,
+                ErrorKind::Unauthorized,
                 "a valid bearer token is required (Authorization: Bearer <token>)",
             );
             response
@@ -239,15 +240,17 @@ async fn post_run(
             return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
         }
     };
-    // The body is parsed as JSON whatever its Content-Type says: `curl -d` and Python's
-    // urllib send form types by default, and a wrong label is no reason to refuse.
+    // The body's Content-Type was checked to be application/json (`refuse_web_pages`):
+    // `curl -d` and Python's urllib label bodies as forms by default, but accepting a
+    // form type would let any web page POST a job without a CORS preflight.
     let body = match read_body(&state, request).await {
         Ok(body) => body,
         Err(response) => return response,
     };
+    let policy = state.runner.policy(tenant.as_deref());
     let job = match serde_json::from_slice::<RunRequest>(&body)
         .map_err(|e| format!("the body is not a valid run request: {e}"))
-        .and_then(|r| r.into_job().map_err(|(_, message)| message))
+        .and_then(|r| r.into_job(&policy).map_err(|(_, message)| message))
     {
         Ok(job) => job,
         Err(message) => {
@@ -264,8 +267,9 @@ async fn post_run(
         Ok(admitted) => admitted,
         Err(refusal) => return refusal_response(&state, refusal),
     };
+    let inline_cap = inline_cap(&admitted, &job);
     if stream {
-        return stream_run(&state, admitted, job);
+        return stream_run(&state, admitted, job, inline_cap);
     }
     // The job runs in its own task: if the client goes away (this future is dropped), the
     // guard fires, the job is killed through the engine and still audited.
@@ -286,11 +290,28 @@ async fn post_run(
         }
     };
     drop(guard.disarm());
-    let observation = result.observation;
+    let observation = finish(result, inline_cap);
     let status = observation_status(&observation, *state.phase.borrow());
     tracing::info!(tenant = tenant.as_deref().unwrap_or("-"), job_id = %observation.job_id,
         outcome = observation.outcome.as_str(), status = status.as_u16(), "run");
     json_response(status, to_json(&observation))
+}
+
+/// The decoded bytes of `/out` files a job may return inline: the policy's
+/// `out.inline_bytes` when the request asked for its files (`return_files`), else none.
+fn inline_cap(admitted: &crate::runner::Admitted, job: &JobRequest) -> Option<u64> {
+    job.out
+        .then(|| admitted.policy().filesystem.out.inline_bytes.as_u64())
+}
+
+/// The observation to send: with the released files' content inlined when asked.
+fn finish(mut result: JobResult, inline_cap: Option<u64>) -> Observation {
+    if let Some(cap) = inline_cap {
+        let inlined = result.inline_files(cap);
+        tracing::debug!(job_id = %result.observation.job_id, inlined,
+            listed = result.observation.files.len(), "files returned inline");
+    }
+    result.observation
 }
 
 fn chunk_event(event: &OutputEvent) -> Event {
@@ -308,7 +329,12 @@ fn chunk_event(event: &OutputEvent) -> Event {
 
 /// Runs an admitted job, answering with server-sent events: output chunks, then the
 /// observation. A client that goes away kills the job.
-fn stream_run(state: &AppState, admitted: crate::runner::Admitted, job: JobRequest) -> Response {
+fn stream_run(
+    state: &AppState,
+    admitted: crate::runner::Admitted,
+    job: JobRequest,
+    inline_cap: Option<u64>,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Event>(SSE_BUFFER_EVENTS);
     let chunk_tx = tx.clone();
     let gap = Arc::new(AtomicBool::new(false));
@@ -327,7 +353,7 @@ fn stream_run(state: &AppState, admitted: crate::runner::Admitted, job: JobReque
     state.tasks.spawn(async move {
         // A client that goes away (the stream is dropped) kills the job, which is audited.
         let gone = async move { closed.closed().await };
-        let observation = admitted.run_until(job, Some(sink), gone).await.observation;
+        let observation = finish(admitted.run_until(job, Some(sink), gone).await, inline_cap);
         tracing::info!(job_id = %observation.job_id, outcome = observation.outcome.as_str(),
             status = observation_status(&observation, *phase.borrow()).as_u16(), "run (streamed)");
         let event = Event::default()
@@ -366,16 +392,23 @@ async fn get_health(State(state): State<AppState>) -> Response {
     json_response(status, to_json(&health))
 }
 
-/// `GET /metrics`.
-async fn get_metrics(State(state): State<AppState>) -> Response {
+/// `GET /metrics`: Prometheus text 0.0.4, or OpenMetrics when `Accept` prefers it.
+async fn get_metrics(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
     if let Some(stats) = state.runner.warm_pool_stats() {
         state.runner.metrics().warm_pool(stats);
     }
-    let mut response = state.runner.metrics().render().into_response();
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    let format = ExpositionFormat::negotiate(
+        headers
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
     );
+    let mut response = state.runner.metrics().render(format).into_response();
+    let response_headers = response.headers_mut();
+    response_headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    response_headers.insert(http::header::VARY, HeaderValue::from_static("accept"));
     response
 }
 
@@ -439,21 +472,80 @@ async fn method_not_allowed() -> Response {
     )
 }
 
+/// Refuses, before anything else runs, what a web page could send: on a server without
+/// tokens (`unauthenticated_port` is its listening port) a `Host` that is not its loopback
+/// address or a foreign `Origin` (403, `policy_denied`); on every server a POST body not
+/// labelled `application/json` (415, `invalid_input`), so a page must preflight.
+async fn refuse_web_pages(
+    State((unauthenticated_port, metrics)): State<(Option<u16>, Arc<crate::metrics::Metrics>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some((reason, refused)) = web_page_refusal(&request, unauthenticated_port) {
+        metrics.rejected(reason);
+        return refused;
+    }
+    next.run(request).await
+}
+
+/// The refusal of a request a web page could have sent, and its metrics reason.
+fn web_page_refusal(
+    request: &Request,
+    unauthenticated_port: Option<u16>,
+) -> Option<(&'static str, Response)> {
+    let header = |name| {
+        request
+            .headers()
+            .get(name)
+            .map(|v: &HeaderValue| v.to_str().unwrap_or("\u{fffd}"))
+    };
+    if let Some(port) = unauthenticated_port {
+        let host = header(http::header::HOST)
+            .or_else(|| request.uri().authority().map(http::uri::Authority::as_str));
+        if let Err(message) = crate::local::check_host(host, port)
+            .and_then(|()| crate::local::check_origin(header(http::header::ORIGIN)))
+        {
+            return Some((
+                "foreign_host",
+                error_response(StatusCode::FORBIDDEN, ErrorKind::PolicyDenied, message),
+            ));
+        }
+    }
+    if request.method() == http::Method::POST
+        && let Err(message) = crate::local::require_json(header(CONTENT_TYPE))
+    {
+        return Some((
+            "not_json",
+            error_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorKind::InvalidInput,
+                message,
+            ),
+        ));
+    }
+    None
+}
+
 /// The router: the API, `/mcp`, and the layers every request goes through.
-pub fn router(state: AppState, mcp_cancel: CancellationToken, loopback_only: bool) -> Router {
+/// `unauthenticated_port` is the listening port of a server without tokens, whose
+/// requests must come from loopback callers ([`crate::local`]).
+pub fn router(
+    state: AppState,
+    mcp_cancel: CancellationToken,
+    unauthenticated_port: Option<u16>,
+) -> Router {
     let executor: Arc<dyn airlock_mcp::Executor> = state.runner.clone();
-    // Sessions for clients of protocol versions before 2026-07-28, whose cancellations
-    // arrive on a POST of their own (see mcp_sessions.rs); newer ones are stateless.
-    let mut mcp_config = StreamableHttpServerConfig::default()
+    // rmcp's own Host check is off: `refuse_web_pages` checks Host and Origin on every
+    // route, /mcp included, with the listening port; with tokens a page cannot call in
+    // anyway, and real host names must work. Sessions are kept for clients of protocol
+    // versions before 2026-07-28, whose cancellations arrive on a POST of their own (see
+    // mcp_sessions.rs); newer ones are served statelessly.
+    let mcp_config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
         .with_json_response(true)
         .with_cancellation_token(mcp_cancel)
-        .with_max_request_body_bytes(state.max_body_bytes);
-    if !loopback_only {
-        // Host checks guard unauthenticated local servers against DNS rebinding; with
-        // tokens required, a browser cannot call in anyway, and real host names must work.
-        mcp_config = mcp_config.disable_allowed_hosts();
-    }
+        .with_max_request_body_bytes(state.max_body_bytes)
+        .disable_allowed_hosts();
     let mcp = StreamableHttpService::new(
         move || Ok(RunCodeServer::new(executor.clone())),
         Arc::new(crate::mcp_sessions::BoundedSessions::default()),
@@ -475,7 +567,11 @@ pub fn router(state: AppState, mcp_cancel: CancellationToken, loopback_only: boo
         .merge(public)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
+        .with_state(state.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            (unauthenticated_port, state.runner.metrics().clone()),
+            refuse_web_pages,
+        ))
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
                 .make_span_with(

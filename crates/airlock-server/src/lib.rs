@@ -12,6 +12,7 @@ pub mod auth;
 pub mod error;
 pub mod http;
 pub mod listener;
+pub mod local;
 pub mod mcp_sessions;
 pub mod metrics;
 pub mod openapi;
@@ -118,8 +119,7 @@ pub async fn serve(
     backends: &BackendFactory,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
-    let loopback_only = config.listen.ip().is_loopback();
-    if config.tokens.is_none() && !loopback_only {
+    if config.tokens.is_none() && !config.listen.ip().is_loopback() {
         return Err(ServerError::UnauthenticatedNonLoopback {
             addr: config.listen,
         });
@@ -157,7 +157,6 @@ pub async fn serve(
             .unwrap_or_default()
             .into(),
     };
-    let app = http::router(state, mcp_cancel.clone(), loopback_only);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -168,6 +167,10 @@ pub async fn serve(
         addr: config.listen,
         source,
     })?;
+    // Without tokens, requests must name this loopback address (the port is known only
+    // once bound: `--listen 127.0.0.1:0`).
+    let unauthenticated_port = state.tokens.is_none().then_some(local.port());
+    let app = http::router(state, mcp_cancel.clone(), unauthenticated_port);
     tracing::info!(addr = %local, authenticated = tenants.len(), "listening");
     on_listening(local);
 

@@ -31,7 +31,8 @@ pub struct StreamLabels {
 /// Why a request was turned away before it ran.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
-    /// `queue_full`, `shutting_down`, `unauthorized`, `body_too_large`, `bad_request`.
+    /// `queue_full`, `shutting_down`, `unauthorized`, `body_too_large`, `bad_request`,
+    /// `foreign_host` (a foreign Host or Origin without tokens), `not_json`.
     pub reason: String,
 }
 
@@ -232,14 +233,108 @@ impl Metrics {
         *seen = now;
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    /// The exposition in `format`.
+    pub fn render(&self, format: ExpositionFormat) -> String {
         let mut text = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::error!(error = %e, "encode metrics");
         }
-        text
+        match format {
+            ExpositionFormat::OpenMetrics => text,
+            ExpositionFormat::PrometheusText => openmetrics_to_prometheus_text(&text),
+        }
     }
+}
+
+/// The two text formats `/metrics` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpositionFormat {
+    /// Prometheus text format 0.0.4: what a client that names no format gets.
+    PrometheusText,
+    /// OpenMetrics 1.0.0.
+    OpenMetrics,
+}
+
+impl ExpositionFormat {
+    /// The `Content-Type` of the exposition.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            ExpositionFormat::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+            ExpositionFormat::OpenMetrics => {
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            }
+        }
+    }
+
+    /// The format an `Accept` header asks for: OpenMetrics only when it weighs
+    /// `application/openmetrics-text` above every range that matches `text/plain`
+    /// (Prometheus's own scraper does); Prometheus text otherwise, absent header included.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        let mut openmetrics = 0.0_f32;
+        let mut text = 0.0_f32;
+        for range in accept.unwrap_or("").split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let mut q = 1.0_f32;
+            for param in parts {
+                if let Some((name, value)) = param.split_once('=')
+                    && name.trim().eq_ignore_ascii_case("q")
+                {
+                    q = value.trim().parse::<f32>().unwrap_or(0.0).clamp(0.0, 1.0);
+                }
+            }
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+                "text/plain" | "text/*" | "*/*" => text = text.max(q),
+                _ => {}
+            }
+        }
+        if openmetrics > 0.0 && openmetrics > text {
+            ExpositionFormat::OpenMetrics
+        } else {
+            ExpositionFormat::PrometheusText
+        }
+    }
+}
+
+/// Rewrites prometheus-client's OpenMetrics text as Prometheus text 0.0.4. The samples are
+/// the same; what differs is metadata: a 0.0.4 counter family is named after its samples
+/// (`# TYPE airlock_jobs_total counter`, where OpenMetrics says `airlock_jobs`), `unknown`
+/// is `untyped`, and there is no `# UNIT` or `# EOF`. Read by OpenMetrics names, a 0.0.4
+/// parser sees an empty `airlock_jobs` counter and an orphan `airlock_jobs_total`.
+fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let rewritten = if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            // OpenMetrics escapes `"` in help text; 0.0.4 escapes only `\` and newlines.
+            let help = help.replace("\\\"", "\"");
+            if counters.contains(name) {
+                format!("# HELP {name}_total {help}")
+            } else {
+                format!("# HELP {name} {help}")
+            }
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            match rest.rsplit_once(' ') {
+                Some((name, "counter")) => format!("# TYPE {name}_total counter"),
+                Some((name, "unknown")) => format!("# TYPE {name} untyped"),
+                _ => line.to_owned(),
+            }
+        } else {
+            line.to_owned()
+        };
+        out.push_str(&rewritten);
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
@@ -260,18 +355,130 @@ mod tests {
         metrics.job_finished(&obs, 0.01);
         metrics.waited(0.002);
         metrics.rejected("queue_full");
-        let text = metrics.render();
-        for needle in [
-            "airlock_jobs_total{outcome=\"error\",backend=\"native\"} 1",
-            "airlock_job_duration_seconds_bucket",
-            "airlock_queue_wait_seconds_count 1",
-            "airlock_jobs_in_flight 0",
-            "airlock_queue_depth 0",
-            "airlock_output_bytes_total{stream=\"stdout\"} 0",
-            "airlock_redactions_total 0",
-            "airlock_requests_rejected_total{reason=\"queue_full\"} 1",
+        for format in [
+            ExpositionFormat::PrometheusText,
+            ExpositionFormat::OpenMetrics,
         ] {
-            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+            let text = metrics.render(format);
+            for needle in [
+                "airlock_jobs_total{outcome=\"error\",backend=\"native\"} 1",
+                "airlock_job_duration_seconds_bucket",
+                "airlock_queue_wait_seconds_count 1",
+                "airlock_jobs_in_flight 0",
+                "airlock_queue_depth 0",
+                "airlock_output_bytes_total{stream=\"stdout\"} 0",
+                "airlock_redactions_total 0",
+                "airlock_requests_rejected_total{reason=\"queue_full\"} 1",
+            ] {
+                assert!(text.contains(needle), "{needle} missing from:\n{text}");
+            }
+        }
+    }
+
+    /// Counter families: `airlock_jobs` with samples `airlock_jobs_total` in OpenMetrics,
+    /// `airlock_jobs_total` in 0.0.4; every other line the same, no EOF in 0.0.4.
+    #[test]
+    fn each_format_names_counter_families_its_own_way() {
+        let metrics = Metrics::new();
+        metrics.rejected("unauthorized");
+        metrics.job_finished(
+            &Observation::error(
+                JobId::generate(),
+                BackendKind::Native,
+                "v",
+                ErrorKind::Internal,
+                "x",
+            ),
+            0.5,
+        );
+        let om = metrics.render(ExpositionFormat::OpenMetrics);
+        assert!(om.contains("# TYPE airlock_jobs counter\n"), "{om}");
+        assert!(
+            om.contains("# TYPE airlock_requests_rejected counter\n"),
+            "{om}"
+        );
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        let text = metrics.render(ExpositionFormat::PrometheusText);
+        assert!(
+            text.contains("# TYPE airlock_jobs_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP airlock_requests_rejected_total Requests turned away"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE airlock_requests_rejected_total counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("airlock_requests_rejected_total{reason=\"unauthorized\"} 1\n"));
+        assert!(
+            text.contains("# TYPE airlock_job_duration_seconds histogram\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE airlock_jobs_in_flight gauge\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+        // Every TYPE line of 0.0.4 names a family whose samples exist or may exist under
+        // that exact name (or its histogram suffixes): no orphans.
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = line.split(' ').nth(2).unwrap();
+            assert!(
+                !text
+                    .lines()
+                    .any(|l| !l.starts_with('#') && l.starts_with(&format!("{name}_total"))),
+                "{name} has _total samples of another family"
+            );
+        }
+        // Samples are identical.
+        let samples = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&om), samples(&text));
+    }
+
+    #[test]
+    fn openmetrics_only_when_preferred() {
+        use ExpositionFormat::*;
+        for (accept, want) in [
+            (None, PrometheusText),
+            (Some("*/*"), PrometheusText),
+            (Some("text/plain;version=0.0.4"), PrometheusText),
+            (
+                Some("text/plain; version=0.0.4; q=0.9, application/openmetrics-text; q=0.5"),
+                PrometheusText,
+            ),
+            (Some("application/openmetrics-text"), OpenMetrics),
+            (
+                Some("application/openmetrics-text; version=1.0.0"),
+                OpenMetrics,
+            ),
+            // Prometheus 2.x's scrape header.
+            (
+                Some(
+                    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+                ),
+                OpenMetrics,
+            ),
+            (
+                Some("application/openmetrics-text;q=0, text/plain"),
+                PrometheusText,
+            ),
+            (
+                Some("application/openmetrics-text, text/plain"),
+                PrometheusText,
+            ),
+            (Some("application/json"), PrometheusText),
+        ] {
+            assert_eq!(ExpositionFormat::negotiate(accept), want, "{accept:?}");
         }
     }
 }

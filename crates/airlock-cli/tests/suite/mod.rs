@@ -13,3 +13,4 @@ mod return_files;
 mod rootfs_dir;
 mod rootless;
 mod tool_schema;
+mod token;

@@ -159,13 +159,14 @@ fn raw_exchange(server: &Server, head: String, body: Vec<Vec<u8>>) -> String {
 fn a_20_mb_body_is_413_before_it_is_read() {
     require_server!();
     let server = Server::start(Opts::default());
+    let addr = server.addr;
     let size = 20_000_000usize;
     let chunk = vec![b' '; 1 << 20];
     let chunks = size.div_ceil(chunk.len());
     let text = raw_exchange(
         &server,
         format!(
-            "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+            "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
         ),
         vec![chunk.clone(); chunks],
     );
@@ -177,7 +178,9 @@ fn a_20_mb_body_is_413_before_it_is_read() {
     framed.extend_from_slice(b"\r\n");
     let text = raw_exchange(
         &server,
-        "POST /v1/runs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_owned(),
+        format!(
+            "POST /v1/runs HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ),
         vec![framed; chunks],
     );
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
@@ -274,14 +277,37 @@ async fn health_metrics_openapi_and_tool_schema() {
     assert_eq!(health["status"], "ok");
     let ok = post_run(&server, None, &python("print('x' * 10)")).await;
     assert_eq!(ok.status, 200);
-    let metrics = client()
+    let response = client().get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let metrics = response.text().await.unwrap();
+    assert!(
+        metrics.contains("# TYPE airlock_jobs_total counter\n"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("# EOF"), "{metrics}");
+    // Prometheus's own scrape header prefers OpenMetrics.
+    let response = client()
         .get(server.url("/metrics"))
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        )
         .send()
         .await
-        .unwrap()
-        .text()
-        .await
         .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let openmetrics = response.text().await.unwrap();
+    assert!(
+        openmetrics.contains("# TYPE airlock_jobs counter\n"),
+        "{openmetrics}"
+    );
+    assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
     for needle in [
         "airlock_jobs_total{outcome=\"exited\",backend=\"native\"} 1",
         "airlock_job_duration_seconds_count 1",
@@ -382,4 +408,183 @@ async fn an_oversized_request_head_is_431() {
     assert_eq!(response.status().as_u16(), 431);
     let ok = client().get(server.url("/v1/health")).send().await.unwrap();
     assert_eq!(ok.status().as_u16(), 200);
+}
+
+/// `{"code": …}` alone runs in the policy's default language (python), and
+/// `return_files` brings /out back inline, byte for byte, within the policy's cap.
+#[tokio::test]
+async fn only_code_runs_as_python_and_return_files_brings_out_back_inline() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let bare = post_run(
+        &server,
+        None,
+        &json!({"code": "import sys; print(sys.version_info[0])"}),
+    )
+    .await;
+    assert_eq!(bare.status, 200, "{:#}", bare.body);
+    assert_eq!(bare.body["stdout"], "3\n");
+
+    let writes = "open('/out/all.bin', 'wb').write(bytes(range(256)))\n\
+                  open('/out/big.bin', 'wb').write(b'x' * (2 << 20))\n\
+                  open('/out/note.txt', 'w').write('done')\n";
+    let answer = post_run(
+        &server,
+        None,
+        &json!({"code": writes, "return_files": true, "language": null}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:#}", answer.body);
+    assert_eq!(answer.body["ok"], true, "{:#}", answer.body);
+    let files = answer.body["files"].as_array().unwrap();
+    let by_path = |p: &str| {
+        files
+            .iter()
+            .find(|f| f["path"] == p)
+            .unwrap_or_else(|| panic!("{p}: {files:?}"))
+    };
+    use base64::Engine as _;
+    let decode = |f: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(f["content_base64"].as_str().unwrap())
+            .unwrap()
+    };
+    assert_eq!(decode(by_path("all.bin")), (0..=255u8).collect::<Vec<_>>());
+    assert_eq!(decode(by_path("note.txt")), b"done");
+    // 2 MiB is past the built-in policy's 1 MiB inline cap: listed, not sent.
+    let big = by_path("big.bin");
+    assert_eq!(big["bytes"], 2 << 20);
+    assert!(big.get("content_base64").is_none(), "{big}");
+
+    // Without return_files there is no /out (and nothing inline).
+    let without = post_run(&server, None, &python("open('/out/a', 'w').write('x')")).await;
+    assert_eq!(without.body["ok"], false, "{:#}", without.body);
+    assert!(
+        without.body["stderr"].as_str().unwrap().contains("/out"),
+        "{:#}",
+        without.body
+    );
+    assert_eq!(without.body["files"], json!([]));
+}
+
+/// Issue 19 finding 6: without tokens, what a web page can send is refused before it
+/// runs: a form-typed body (no preflight), a foreign Origin, a DNS-rebinding Host, on
+/// every route, /mcp included; loopback callers and loopback origins are served.
+#[tokio::test]
+async fn a_server_without_tokens_serves_no_web_page() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let job = serde_json::to_vec(&python("print(1)")).unwrap();
+    let send = |method: reqwest::Method, path: &str, headers: &[(&str, String)]| {
+        let mut request = client()
+            .request(method.clone(), server.url(path))
+            .body(job.clone());
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            let text = response.text().await.unwrap();
+            let body: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{status}: not JSON ({e}): {text}"));
+            Answer {
+                status,
+                headers,
+                body,
+            }
+        }
+    };
+    let json_type = ("content-type", "application/json".to_owned());
+    for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+        let answer = send(
+            reqwest::Method::POST,
+            "/v1/runs",
+            &[("content-type", content_type.to_owned())],
+        )
+        .await;
+        assert_error(&answer, 415, "invalid_input");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("Content-Type: application/json"),
+            "{message}"
+        );
+    }
+    assert_error(
+        &send(reqwest::Method::POST, "/v1/runs", &[]).await,
+        415,
+        "invalid_input",
+    );
+    let evil_origin = ("origin", "http://evil.example".to_owned());
+    assert_error(
+        &send(
+            reqwest::Method::POST,
+            "/v1/runs",
+            &[json_type.clone(), evil_origin.clone()],
+        )
+        .await,
+        403,
+        "policy_denied",
+    );
+    let port = server.addr.port();
+    for host in [
+        format!("evil.example:{port}"),
+        "evil.example".to_owned(),
+        format!("127.0.0.1:{}", port.wrapping_add(1)),
+    ] {
+        for (method, path) in [
+            (reqwest::Method::POST, "/v1/runs"),
+            (reqwest::Method::GET, "/v1/health"),
+            (reqwest::Method::GET, "/v1/openapi.json"),
+            (reqwest::Method::GET, "/metrics"),
+            (reqwest::Method::POST, "/mcp"),
+            (reqwest::Method::GET, "/nowhere"),
+        ] {
+            let answer = send(
+                method.clone(),
+                path,
+                &[json_type.clone(), ("host", host.clone())],
+            )
+            .await;
+            assert_error(&answer, 403, "policy_denied");
+            let message = answer.body["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains(&format!("Host: 127.0.0.1:{port}")),
+                "{method} {path}: {message}"
+            );
+        }
+    }
+    assert!(
+        server.audit_lines().is_empty(),
+        "refused requests never reach the engine"
+    );
+    // Loopback callers, by name or address, and pages served from loopback, are served.
+    for headers in [
+        vec![json_type.clone()],
+        vec![json_type.clone(), ("host", format!("localhost:{port}"))],
+        vec![
+            json_type.clone(),
+            ("origin", "http://localhost:3000".to_owned()),
+        ],
+        vec![("content-type", "application/json; charset=utf-8".to_owned())],
+    ] {
+        let answer = send(reqwest::Method::POST, "/v1/runs", &headers).await;
+        assert_eq!(answer.status, 200, "{headers:?}: {:#}", answer.body);
+    }
+    // Each refusal is counted: 3 untyped bodies; 3 hosts on 6 routes and 1 origin.
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "airlock_requests_rejected_total{reason=\"not_json\"} 3\n",
+        "airlock_requests_rejected_total{reason=\"foreign_host\"} 19\n",
+    ] {
+        assert!(metrics.contains(needle), "{needle} not in:\n{metrics}");
+    }
 }

@@ -25,6 +25,7 @@ fn start() -> Tenants {
                 .into(),
         )],
         args: ["--max-in-flight", "4"].map(String::from).to_vec(),
+        ..Default::default()
     });
     Tenants { server, alice, bob }
 }
@@ -35,10 +36,10 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
     let t = start();
     let job = python("print('hi')");
     let missing = post_run(&t.server, None, &job).await;
-    assert_error(&missing, 401, "policy_denied");
+    assert_error(&missing, 401, "unauthorized");
     assert_eq!(missing.headers["www-authenticate"], "Bearer");
     let wrong = post_run(&t.server, Some("alk_not-a-token"), &job).await;
-    assert_error(&wrong, 401, "policy_denied");
+    assert_error(&wrong, 401, "unauthorized");
     // The digest in the file is not a token either.
     let tokens_file = std::fs::read_to_string(t.server.dir.path().join("tokens.toml")).unwrap();
     let digest = tokens_file
@@ -48,16 +49,35 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
     assert_error(
         &post_run(&t.server, Some(digest), &job).await,
         401,
-        "policy_denied",
+        "unauthorized",
     );
-    for path in ["/v1/tool-schema", "/metrics", "/mcp"] {
-        let status = client()
-            .get(t.server.url(path))
+    // Every protected route, MCP included, answers the same 401 body.
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/tool-schema"),
+        (reqwest::Method::GET, "/metrics"),
+        (reqwest::Method::GET, "/mcp"),
+        (reqwest::Method::POST, "/mcp"),
+    ] {
+        let response = client()
+            .request(method.clone(), t.server.url(path))
+            .header("content-type", "application/json")
+            .body("{}")
             .send()
             .await
-            .unwrap()
-            .status();
-        assert_eq!(status.as_u16(), 401, "{path}");
+            .unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body: Value = response.json().await.unwrap();
+        let answer = Answer {
+            status,
+            headers,
+            body,
+        };
+        assert_error(&answer, 401, "unauthorized");
+        assert_eq!(
+            answer.headers["www-authenticate"], "Bearer",
+            "{method} {path}"
+        );
     }
     // Health and the API document need no token.
     for path in ["/v1/health", "/v1/openapi.json"] {
@@ -69,6 +89,28 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
             .status();
         assert_eq!(status.as_u16(), 200, "{path}");
     }
+
+    // With tokens, real host names and any Origin work (a page has no token); bodies
+    // must still be JSON.
+    let named = client()
+        .post(t.server.url("/v1/runs"))
+        .bearer_auth(&t.alice)
+        .header("host", "airlock.internal.example")
+        .header("origin", "https://app.example")
+        .json(&job)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(named.status().as_u16(), 200);
+    let form = client()
+        .post(t.server.url("/v1/runs"))
+        .bearer_auth(&t.alice)
+        .header("content-type", "text/plain")
+        .body(job.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status().as_u16(), 415);
 
     let a = post_run(&t.server, Some(&t.alice), &job).await;
     assert_eq!(a.status, 200, "{:#}", a.body);
@@ -106,7 +148,8 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
 
     // Audit lines name the tenant, in each policy's own log; never the token.
     let alice_lines = t.server.audit_lines();
-    assert_eq!(alice_lines.len(), 2);
+    // Three: the one with a real host name, and two below (the form body never ran).
+    assert_eq!(alice_lines.len(), 3);
     assert!(alice_lines.iter().all(|l| l["tenant"] == "alice"));
     let bob_lines = audit_lines(&t.server.dir.path().join("bob-audit.jsonl"));
     assert_eq!(bob_lines.len(), 2);

@@ -58,6 +58,8 @@ pub struct Opts {
     pub tokens: Option<String>,
     /// Extra files (name, content) written in the state dir first.
     pub files: Vec<(String, String)>,
+    /// `AIRLOCK_LOG` (default `info`).
+    pub log_filter: Option<String>,
 }
 
 impl Server {
@@ -76,7 +78,7 @@ impl Server {
         cmd.args(&opts.args)
             .current_dir(dir.path())
             .env("AIRLOCK_STATE_DIR", dir.path())
-            .env("AIRLOCK_LOG", "info")
+            .env("AIRLOCK_LOG", opts.log_filter.as_deref().unwrap_or("info"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -257,7 +259,8 @@ pub fn host_pids_with(needle: &str) -> Vec<u32> {
     found
 }
 
-/// `airlock token new --tenant NAME`: (token, tokens-file block).
+/// `airlock token new --tenant NAME`: (token, tokens-file block). The token is stdout,
+/// alone; the block is on stderr, after comment lines.
 pub fn new_token(tenant: &str, extra: &[&str]) -> (String, String) {
     let output = Command::new(airlock_bin())
         .args(["token", "new", "--tenant", tenant])
@@ -265,13 +268,14 @@ pub fn new_token(tenant: &str, extra: &[&str]) -> (String, String) {
         .output()
         .unwrap();
     assert!(output.status.success());
-    let text = String::from_utf8(output.stdout).unwrap();
-    let token = text
-        .lines()
-        .find(|l| l.starts_with("alk_"))
-        .unwrap()
-        .to_owned();
-    let block = text.split("(--tokens FILE):\n").nth(1).unwrap().to_owned();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let token = stdout.trim_end().to_owned();
+    assert!(
+        token.starts_with("alk_") && !token.contains('\n'),
+        "{stdout:?}"
+    );
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let block = stderr[stderr.find("[tenants.").unwrap()..].to_owned();
     (token, block)
 }
 

@@ -39,7 +39,13 @@ fn headers_that_never_finish_are_cut_off() {
     });
     let mut stream = TcpStream::connect(server.addr).unwrap();
     stream
-        .write_all(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .write_all(
+            format!(
+                "POST /v1/runs HTTP/1.1\r\nHost: {}\r\nX-Slow: ",
+                server.addr
+            )
+            .as_bytes(),
+        )
         .unwrap();
     let (_, after) = read_to_end(&mut stream);
     assert!(
@@ -48,7 +54,7 @@ fn headers_that_never_finish_are_cut_off() {
     );
     // An idle keep-alive connection is closed the same way.
     let mut idle = TcpStream::connect(server.addr).unwrap();
-    idle.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.write_all(format!("GET /v1/health HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes())
         .unwrap();
     let (text, after) = read_to_end(&mut idle);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
@@ -78,7 +84,11 @@ async fn a_slow_body_never_holds_a_job_slot() {
         let mut stream = TcpStream::connect(server.addr).unwrap();
         stream
             .write_all(
-                b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"langua",
+                format!(
+                    "POST /v1/runs HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"langua",
+                    server.addr
+                )
+                .as_bytes(),
             )
             .unwrap();
         slow.push(stream);
@@ -127,7 +137,8 @@ async fn an_sse_client_that_never_reads_holds_neither_a_slot_nor_the_server() {
             .to_string();
     write!(
         stalled,
-        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.addr,
         body.len()
     )
     .unwrap();
@@ -183,7 +194,8 @@ async fn a_client_that_goes_away_gets_its_job_killed_and_audited() {
         let mut client = TcpStream::connect(server.addr).unwrap();
         write!(
             client,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            server.addr,
             body.len()
         )
         .unwrap();

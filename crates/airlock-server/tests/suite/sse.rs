@@ -102,3 +102,29 @@ async fn a_refused_streamed_request_is_a_plain_json_error() {
         .unwrap();
     assert_eq!(response.status().as_u16(), 400);
 }
+
+/// A streamed run with `return_files` gets the files inline in its final observation.
+#[tokio::test]
+async fn a_streamed_run_returns_its_files_in_the_observation() {
+    require_server!();
+    let server = Server::start(Opts::default());
+    let response = client()
+        .post(server.url("/v1/runs?stream=true"))
+        .json(&json!({
+            "code": "print('writing')\nopen('/out/r.bin', 'wb').write(bytes([0, 255, 10]))",
+            "return_files": true
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let events = read_events(response).await;
+    let (last, observation, _) = events.last().unwrap().clone();
+    assert_eq!(last, "observation");
+    assert_eq!(observation["ok"], true, "{observation:#}");
+    assert_eq!(observation["files"][0]["path"], "r.bin");
+    assert_eq!(
+        observation["files"][0]["content_base64"], "AP8K",
+        "{observation:#}"
+    );
+}
