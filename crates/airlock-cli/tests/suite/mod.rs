@@ -12,5 +12,5 @@ mod redaction;
 mod return_files;
 mod rootfs_dir;
 mod rootless;
-mod tool_schema;
 mod token;
+mod tool_schema;
