@@ -546,10 +546,23 @@ pub fn router(
         .with_cancellation_token(mcp_cancel)
         .with_max_request_body_bytes(state.max_body_bytes)
         .disable_allowed_hosts();
+    let sessions = Arc::new(crate::mcp_sessions::BoundedSessions::default());
     let mcp = StreamableHttpService::new(
         move || Ok(RunCodeServer::new(executor.clone())),
-        Arc::new(crate::mcp_sessions::BoundedSessions::default()),
+        sessions.clone(),
         mcp_config,
+    );
+    let max_body_bytes = state.max_body_bytes;
+    let mcp = tower::Layer::layer(
+        &axum::middleware::from_fn(move |request, next| {
+            crate::mcp_sessions::cancel_on_disconnect(
+                sessions.clone(),
+                max_body_bytes,
+                request,
+                next,
+            )
+        }),
+        mcp,
     );
     let protected = Router::new()
         .route("/v1/runs", post(post_run))

@@ -147,3 +147,127 @@ impl SessionManager for BoundedSessions {
         self.inner.event_store()
     }
 }
+
+/// What a closed connection cancels: a `tools/call` in a session, whose answer the client
+/// can no longer receive.
+struct PendingCall {
+    sessions: Arc<BoundedSessions>,
+    session: SessionId,
+    request_id: serde_json::Value,
+}
+
+impl PendingCall {
+    /// Tells the session the call is cancelled, as the client's own
+    /// `notifications/cancelled` would: the tool's handler sees its cancellation token
+    /// fire and the job is killed.
+    fn cancel(self) {
+        let notification = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": self.request_id, "reason": "the client closed its connection"},
+        });
+        let Ok(message) = serde_json::from_value::<ClientJsonRpcMessage>(notification) else {
+            return;
+        };
+        tokio::spawn(async move {
+            if let Err(e) = self.sessions.accept_message(&self.session, message).await {
+                // The session ended with the connection: its calls ended with it.
+                tracing::debug!(error = %e, "cancel of a disconnected MCP call not delivered");
+            }
+        });
+    }
+}
+
+/// A response body that cancels its call when dropped before its end.
+struct CancelOnDrop {
+    inner: axum::body::Body,
+    pending: Option<PendingCall>,
+}
+
+impl axum::body::HttpBody for CancelOnDrop {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            // Delivered whole: nothing to cancel.
+            self.pending = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            pending.cancel();
+        }
+    }
+}
+
+/// Middleware for `/mcp`: a `tools/call` in a session whose client closes the connection
+/// before the answer is cancelled. Sessions outlive connections (a client may resume a
+/// stream), so rmcp does not treat a closed connection as a cancellation; airlock does,
+/// since a job whose answer nobody will read must not keep its slot. Stateless calls need
+/// nothing: there the closed connection drops the call itself.
+pub async fn cancel_on_disconnect(
+    sessions: Arc<BoundedSessions>,
+    max_body_bytes: usize,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let session = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(SessionId::from);
+    let Some(session) = session.filter(|_| request.method() == http::Method::POST) else {
+        return next.run(request).await;
+    };
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return crate::http::error_response(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                airlock_core::ErrorKind::InvalidInput,
+                format!("the request body is larger than {max_body_bytes} bytes"),
+            );
+        }
+    };
+    let request_id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .filter(|message| message["method"] == "tools/call")
+        .and_then(|message| message.get("id").cloned());
+    let response = next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        ))
+        .await;
+    let Some(request_id) = request_id else {
+        return response;
+    };
+    let (parts, body) = response.into_parts();
+    let body = CancelOnDrop {
+        inner: body,
+        pending: Some(PendingCall {
+            sessions,
+            session,
+            request_id,
+        }),
+    };
+    axum::response::Response::from_parts(parts, axum::body::Body::new(body))
+}

@@ -67,7 +67,7 @@ def main():
 
 
 def exercise(base, token, report, client_module, models, run_api):
-    for name in ("RunRequest", "ObservationDoc", "ErrorBody", "RequestFile"):
+    for name in ("RunRequest", "Observation", "ErrorBody", "RequestFile"):
         report.ok(hasattr(models, name), f"the client has a {name} model")
     run_request = getattr(models, "RunRequest", None)
     client = client_module.AuthenticatedClient(base_url=base, token=token, raise_on_unexpected_status=True,
@@ -105,13 +105,13 @@ def exercise(base, token, report, client_module, models, run_api):
     def observation(outcome):
         def check(parsed):
             problems = []
-            if not isinstance(parsed, models.ObservationDoc):
-                return [f"not an ObservationDoc: {parsed!r:.300}"]
+            if not isinstance(parsed, models.Observation):
+                return [f"not an Observation: {parsed!r:.300}"]
             if parsed.outcome != outcome:
                 problems.append(f"outcome {parsed.outcome!r}")
             # Every nested model parsed too.
             for f in parsed.files or []:
-                if not isinstance(f, models.OutputFileDoc):
+                if not isinstance(f, models.OutputFile):
                     problems.append(f"files entry {f!r:.100}")
             parsed.to_dict()
             return problems
@@ -126,7 +126,7 @@ def exercise(base, token, report, client_module, models, run_api):
                 problems.append(f"ok {parsed.ok!r}")
             if parsed.outcome != "error":
                 problems.append(f"outcome {parsed.outcome!r}")
-            if not isinstance(parsed.error, models.ErrorInfoDoc) or parsed.error.kind != kind:
+            if not isinstance(parsed.error, models.ErrorInfo) or parsed.error.kind != kind:
                 problems.append(f"error {parsed.error!r:.300}")
             parsed.to_dict()
             return problems

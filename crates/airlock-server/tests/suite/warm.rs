@@ -200,7 +200,11 @@ async fn the_wall_clock_starts_at_delivery_and_each_sandbox_serves_one_job() {
     // allows. How much of the second it got depends on the host's load (two cores shared
     // with the rest of the suite gave it a quarter), so there is no tighter floor.
     let cpu = short.body["cpu_ms"].as_u64().unwrap();
-    assert!((100..=ms + 100).contains(&cpu), "cpu {cpu} ms: {:#}", short.body);
+    assert!(
+        (100..=ms + 100).contains(&cpu),
+        "cpu {cpu} ms: {:#}",
+        short.body
+    );
     assert_eq!(hits(&warm).await, 4, "{}", warm.log());
 }
 
