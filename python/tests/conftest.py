@@ -87,15 +87,20 @@ def server(airlock_bin: str) -> Iterator[Server]:
     """`airlock serve` on 127.0.0.1 with one tenant's token."""
     with tempfile.TemporaryDirectory(prefix="airlock-pytest-") as work_dir:
         work = Path(work_dir)
-        minted = subprocess.run(
-            [airlock_bin, "token", "new", "--tenant", "pytest"],
+        token = subprocess.run(
+            [
+                airlock_bin,
+                "token",
+                "new",
+                "--tenant",
+                "pytest",
+                "--tokens-file",
+                str(work / "tokens.toml"),
+            ],
             capture_output=True,
             text=True,
             check=True,
-        ).stdout
-        token = next(line for line in minted.splitlines() if line.startswith("alk_"))
-        tokens = minted.split("(--tokens FILE):", 1)[1].split("\n", 1)[1]
-        (work / "tokens.toml").write_text(tokens)
+        ).stdout.strip()
         log = work / "serve.log"
         env = {**os.environ, "AIRLOCK_STATE_DIR": str(work / "state")}
         with log.open("wb") as log_file:
