@@ -3,8 +3,8 @@
 //! A socket's buffers are kernel memory. On cgroup v1 they are charged to a memory cgroup
 //! only if that very group has `memory.kmem.tcp.limit_in_bytes` set before the socket is
 //! created (the kernel looks at the creating task's own group, not at its parents: a limit
-//! on a parent bounds nothing below it). Docker 20.10 no longer passes `KernelMemoryTCP`
-//! on, and runc does not set the file. So airlock creates each container's memory cgroup
+//! on a parent bounds nothing below it). Docker 20.10 with runc 1.1 accepts
+//! `KernelMemoryTCP` and leaves the file unlimited. So airlock creates each container's memory cgroup
 //! itself, with the TCP limit, after the daemon created the container (its id names the
 //! group) and before it starts it; runc then joins the existing group. The daemon places a
 //! container at `<CgroupParent>/<id>` (Docker) or `<CgroupParent>/libpod-<id>` (Podman)
@@ -352,6 +352,34 @@ mod tests {
         );
         assert_eq!(memory_group("4:cpu,memory:/docker/x\n"), Some("/docker/x"));
         assert_eq!(memory_group("0::/\n"), None);
+    }
+
+    #[test]
+    fn a_group_is_created_with_its_limit_listed_and_removed() {
+        let mount = tempfile::tempdir().unwrap();
+        let groups = V1Groups {
+            mount: mount.path().to_owned(),
+            parent: PODMAN_PARENT,
+            prefix: "libpod-",
+        };
+        let id = "c".repeat(64);
+        let dir = groups.create(&id, 64 << 20).unwrap();
+        assert_eq!(
+            dir,
+            mount.path().join(format!("airlock-podman/libpod-{id}"))
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join(TCP_LIMIT_FILE)).unwrap(),
+            (64u64 << 20).to_string()
+        );
+        // Podman's own conmon group beside it is not a container's.
+        std::fs::create_dir(groups.parent_dir().join("conmon")).unwrap();
+        assert_eq!(groups.group_ids(), vec![id.clone()]);
+        std::fs::remove_file(dir.join(TCP_LIMIT_FILE)).unwrap();
+        groups.remove(&id).unwrap();
+        assert!(!dir.exists());
+        groups.remove(&id).expect("a group that is gone is fine");
+        assert!(groups.group_ids().is_empty());
     }
 
     #[test]
