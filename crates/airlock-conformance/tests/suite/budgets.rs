@@ -277,6 +277,7 @@ mod tcp {
                 .split_whitespace()
                 .filter_map(|w| w.parse().ok())
                 .collect();
+            eprintln!("outcome {}, connections and bytes held {held:?}", run.obs["outcome"]);
             // The job may be OOM-killed for trying (its memory limit holding), or stall below it.
             if run.obs["outcome"] == "exited" {
                 assert_eq!(held.len(), 2, "{:#}", run.obs);
