@@ -200,6 +200,9 @@ impl V1Groups {
         let expected = self.group_path(id);
         match memory_group(&cgroup) {
             Some(actual) if actual == expected => Ok(()),
+            // v1 shows `/` for a task that is exiting; the container's first process ending
+            // ends all of it.
+            _ if exiting(pid) => Ok(()),
             actual => Err(format!(
                 "the container's process is in memory cgroup {actual:?}, not in {expected}, \
                  where airlock set its TCP buffer limit"
@@ -228,6 +231,26 @@ impl V1Groups {
             })
             .collect()
     }
+}
+
+/// `PF_EXITING` in a task's flags.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether process `pid` is gone or exiting (`PF_EXITING` in the flags, field 9 of
+/// `/proc/<pid>/stat`).
+fn exiting(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat_flags(&stat).is_some_and(|flags| flags & PF_EXITING != 0),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// The flags field of a `/proc/<pid>/stat` line. The command name may hold spaces and
+/// parentheses, so fields are counted from its last `)`: state is the first after it,
+/// flags the seventh.
+fn stat_flags(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(6)?.parse().ok()
 }
 
 /// A full container id: 64 lowercase hex digits.
@@ -380,6 +403,14 @@ mod tests {
         assert!(!dir.exists());
         groups.remove(&id).expect("a group that is gone is fine");
         assert!(groups.group_ids().is_empty());
+    }
+
+    #[test]
+    fn an_exiting_task_is_told_by_its_flags() {
+        let stat = "42 (py (x) y) Z 1 42 42 0 -1 4194564 0 0 0 0 0 0";
+        assert_eq!(stat_flags(stat), Some(4194564));
+        assert_ne!(4194564 & PF_EXITING, 0);
+        assert!(!exiting(std::process::id()), "this test is not exiting");
     }
 
     #[test]
