@@ -814,7 +814,7 @@ pub fn open(policy: &Policy, flavor: Flavor) -> Result<Arc<dyn Backend>, Backend
 
 /// How this daemon's containers get their TCP buffers charged, from what it reports and
 /// what this host has; refused when they cannot be.
-fn tcp_accounting(
+pub(crate) fn tcp_accounting(
     flavor: Flavor,
     info: &bollard::models::SystemInfo,
 ) -> Result<TcpAccounting, DockerError> {
