@@ -86,8 +86,6 @@ lst.bind(('127.0.0.1', 0))
 lst.listen(256)
 port = lst.getsockname()[1]
 taken = 0
-def held():
-    return taken
 pairs = []
 chunk = b'x' * 65536
 deadline = time.time() + 10
@@ -97,7 +95,7 @@ while len(pairs) < 200 and time.time() < deadline and stalled < 8:
     a, _ = lst.accept()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     c.setblocking(False)
-    before = held()
+    before = taken
     pairs.append((c, a))
     idle_until = time.time() + 0.2
     while time.time() < min(deadline, idle_until):
@@ -108,11 +106,11 @@ while len(pairs) < 200 and time.time() < deadline and stalled < 8:
             time.sleep(0.01)
         except OSError:
             break
-    now = held()
+    now = taken
     stalled = stalled + 1 if now - before < 65536 else 0
     if now > 2 * LIMIT:
         break
-print(len(pairs), held())
+print(len(pairs), taken)
 "#;
 
 /// Writes `/bin/true` to a memfd and runs it by descriptor (`execveat`, as `fexecve` does)
