@@ -31,6 +31,7 @@ use crate::error::DockerError;
 use crate::image::{self, CheckedImage};
 use crate::outdir::OutMount;
 use crate::spec::{self, ContainerPlan, JOB_UID};
+use crate::tcp::{HostFacts, TcpAccounting, V1Groups};
 
 /// Longest time from creating the container to the program's start (gVisor boots a
 /// kernel; a busy daemon queues).
@@ -126,6 +127,8 @@ struct Ready {
     /// Whether `/out` can be given: airlock is root and the daemon is not rootless, so a
     /// tmpfs airlock mounts on the host is what the container sees.
     out_dir: bool,
+    /// How the containers' TCP socket buffers are held to their memory limit.
+    tcp: TcpAccounting,
 }
 
 impl DockerBackend {
@@ -257,12 +260,17 @@ impl DockerBackend {
             .flatten()
             .any(|o| o.contains("rootless"));
         let out_dir = rustix::process::geteuid().is_root() && !rootless;
-        match cleanup::sweep(&docker, &self.runtime_dir).await {
+        let tcp = tcp_accounting(self.config.flavor, &info)?;
+        match cleanup::sweep(&docker, &self.runtime_dir, &tcp).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "swept stale containers of airlock"),
             Err(e) => tracing::warn!(error = %e, "cannot sweep stale containers"),
         }
-        Ok(Ready { docker, out_dir })
+        Ok(Ready {
+            docker,
+            out_dir,
+            tcp,
+        })
     }
 
     fn check_supported(&self, job: &JobSpec, ready: &Ready) -> Result<(), DockerError> {
@@ -340,20 +348,29 @@ impl DockerBackend {
         };
         let name = spec::container_name(job);
         let guard = ContainerGuard::new(&self.config.socket, &name);
+        let mut created_id = None;
         let ran = self
             .run_container(
                 job,
                 tap,
                 proxy_config,
-                &ready.docker,
+                ready,
                 &image,
                 &jobdir.work(),
                 &empty_file,
                 out.as_ref(),
                 &name,
+                &mut created_id,
             )
             .await;
         let removed = guard.remove(&ready.docker).await;
+        // The runtime removes the group with the container it started; one that never
+        // started leaves airlock's empty group behind.
+        if let (TcpAccounting::V1(groups), Some(id)) = (&ready.tcp, &created_id)
+            && let Err(e) = groups.remove(id)
+        {
+            tracing::warn!(container = %name, error = %e, "cannot remove the container's memory cgroup");
+        }
         let released = match out {
             Some(out) => {
                 let caps = OutCaps {
@@ -413,13 +430,20 @@ impl DockerBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
         proxy_config: Option<Arc<airlock_proxy::ProxyConfig>>,
-        docker: &Docker,
+        ready: &Ready,
         image: &CheckedImage,
         workdir: &std::path::Path,
         empty_file: &std::path::Path,
         out: Option<&OutMount>,
         name: &str,
+        created_id: &mut Option<String>,
     ) -> Result<RunReport, DockerError> {
+        let docker = &ready.docker;
+        let v1_groups = match &ready.tcp {
+            TcpAccounting::V1(groups) => Some(groups),
+            TcpAccounting::Inherent => None,
+        };
+        let cgroup_parent = v1_groups.map(V1Groups::cgroup_parent);
         let engine = |operation: &'static str| {
             move |source| DockerError::Engine {
                 operation,
@@ -441,13 +465,14 @@ impl DockerBackend {
                 nproc_ceiling: self.nproc_ceiling,
                 proxy_port: (job.network == NetworkMode::Proxy)
                     .then_some(airlock_core::job::PROXY_PORT),
+                cgroup_parent: cgroup_parent.as_deref(),
             },
         );
         let setup_started = Instant::now();
         // Proxy mode always attaches stdin: the gate line goes that way.
         let has_stdin = job.stdin.is_some() || proxy_config.is_some();
         let setup = async {
-            docker
+            let created = docker
                 .create_container(
                     Some(CreateContainerOptions {
                         name: Some(name.to_owned()),
@@ -457,6 +482,26 @@ impl DockerBackend {
                 )
                 .await
                 .map_err(engine("create"))?;
+            *created_id = Some(created.id.clone());
+            // Before anything of the container runs: the kernel charges a socket to its
+            // group only if the group's TCP limit was set when the socket was made.
+            if let Some(groups) = v1_groups {
+                let limit = job.limits.memory.as_u64();
+                let id = created.id.clone();
+                let groups = groups.clone();
+                tokio::task::spawn_blocking(move || {
+                    groups
+                        .create(&id, limit)
+                        .map_err(|e| (groups.group_dir(&id), e))
+                })
+                .await
+                .map_err(|e| DockerError::Task(format!("cgroup task: {e}")))?
+                .map_err(|(path, source)| DockerError::TcpGroup {
+                    container: name.to_owned(),
+                    path,
+                    source,
+                })?;
+            }
             // Attach before start, so no output is missed.
             let attached = docker
                 .attach_container(
@@ -489,6 +534,25 @@ impl DockerBackend {
             }
         };
         let started_at = Instant::now();
+        if let (Some(groups), Some(id)) = (v1_groups, created_id.as_deref()) {
+            // The daemon chose the group from the parent airlock gave; had it chosen
+            // another, the job's sockets would be unbounded: it is removed (with the
+            // container, by the caller) rather than run on.
+            match container_pid(docker, name).await {
+                Ok(pid) => {
+                    groups
+                        .check_member(pid, id)
+                        .map_err(|reason| DockerError::TcpGroupNotUsed {
+                            container: name.to_owned(),
+                            reason,
+                        })?
+                }
+                // It already ended: nothing of it runs unbounded any more.
+                Err(e) => {
+                    tracing::debug!(container = %name, error = %e, "no pid to check the memory cgroup of")
+                }
+            }
+        }
         let setup = started_at.saturating_duration_since(setup_started);
         tracing::debug!(job_id = %job.id, setup_ms = setup.as_millis() as u64, "container started");
 
@@ -746,6 +810,45 @@ impl Backend for DockerBackend {
 pub fn open(policy: &Policy, flavor: Flavor) -> Result<Arc<dyn Backend>, BackendError> {
     let backend = DockerBackend::new(DockerConfig::from_policy(policy, flavor))?;
     Ok(Arc::new(backend))
+}
+
+/// How this daemon's containers get their TCP buffers charged, from what it reports and
+/// what this host has; refused when they cannot be.
+pub(crate) fn tcp_accounting(
+    flavor: Flavor,
+    info: &bollard::models::SystemInfo,
+) -> Result<TcpAccounting, DockerError> {
+    let unbounded = |reason: String| DockerError::TcpUnbounded {
+        backend: flavor.as_str(),
+        reason,
+    };
+    // Unreadable files read as empty: the plan then refuses for a missing mount.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let version = info.cgroup_version.as_ref().map(|v| v.to_string());
+    let driver = info.cgroup_driver.as_ref().map(|d| d.to_string());
+    let accounting = crate::tcp::plan(
+        flavor,
+        &HostFacts {
+            cgroup_version: version.as_deref(),
+            cgroup_driver: driver.as_deref(),
+            mountinfo: &mountinfo,
+            cmdline: &cmdline,
+            root: rustix::process::geteuid().is_root(),
+        },
+    )
+    .map_err(unbounded)?;
+    if let TcpAccounting::V1(groups) = &accounting
+        && !groups.kernel_accounts_tcp()
+    {
+        return Err(unbounded(format!(
+            "no {} in the v1 memory hierarchy: this kernel does not charge TCP buffers to \
+             memory cgroups (CONFIG_MEMCG_KMEM off), so a job's sockets could pin memory \
+             far past its limit; use cgroup v2",
+            crate::tcp::TCP_LIMIT_FILE
+        )));
+    }
+    Ok(accounting)
 }
 
 /// The host pid of a running container's first process.

@@ -14,6 +14,7 @@ use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 
 use crate::error::DockerError;
 use crate::spec::{LABEL_BOOT, LABEL_JOB, LABEL_MANAGED};
+use crate::tcp::TcpAccounting;
 
 /// Longest wait for a container's removal when it happens on drop.
 pub const DROP_REMOVE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -154,8 +155,13 @@ pub fn is_stale(
 }
 
 /// Removes stale containers of airlock from the daemon, then stale job directories
-/// (unmounting a left-over `/out`). Returns how many containers were removed.
-pub async fn sweep(docker: &Docker, runtime: &RuntimeDir) -> Result<usize, DockerError> {
+/// (unmounting a left-over `/out`) and the memory cgroups airlock created for containers
+/// that are gone ([`crate::tcp`]). Returns how many containers were removed.
+pub async fn sweep(
+    docker: &Docker,
+    runtime: &RuntimeDir,
+    tcp: &TcpAccounting,
+) -> Result<usize, DockerError> {
     let _sweeping = {
         let runtime = runtime.clone();
         match tokio::task::spawn_blocking(move || runtime.lock_for_sweep()).await {
@@ -169,6 +175,12 @@ pub async fn sweep(docker: &Docker, runtime: &RuntimeDir) -> Result<usize, Docke
                 return Ok(0);
             }
         }
+    };
+    // The groups are read before the containers are listed: a group is created after its
+    // container, so every group read here whose container is live is in the listing.
+    let groups = match tcp {
+        TcpAccounting::V1(groups) => Some((groups, groups.group_ids())),
+        TcpAccounting::Inherent => None,
     };
     let boot = boot_id();
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
@@ -188,10 +200,12 @@ pub async fn sweep(docker: &Docker, runtime: &RuntimeDir) -> Result<usize, Docke
         .collect();
     let live: BTreeSet<String> = all_dirs.difference(&stale_dirs).cloned().collect();
     let mut removed = 0;
+    let mut kept = BTreeSet::new();
     for container in containers {
         let labels = container.labels.unwrap_or_default();
         let Some(id) = container.id else { continue };
         if !is_stale(&labels, &boot, &live) {
+            kept.insert(id);
             continue;
         }
         tracing::info!(container = %id, job = ?labels.get(LABEL_JOB), "removing a stale container of airlock");
@@ -199,6 +213,15 @@ pub async fn sweep(docker: &Docker, runtime: &RuntimeDir) -> Result<usize, Docke
             Ok(()) => removed += 1,
             Err(e) => {
                 tracing::warn!(container = %id, error = %e, "cannot remove a stale container")
+            }
+        }
+    }
+    if let Some((groups, ids)) = groups {
+        for id in ids.into_iter().filter(|id| !kept.contains(id)) {
+            // A group with a process left in it cannot be removed (EBUSY): nothing is
+            // taken from a running container.
+            if let Err(e) = groups.remove(&id) {
+                tracing::warn!(container = %id, error = %e, "cannot remove a stale container's memory cgroup");
             }
         }
     }

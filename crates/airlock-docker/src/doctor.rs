@@ -1,11 +1,12 @@
 //! `airlock doctor` for the Engine API backends: the socket, the daemon's version, its
-//! runtimes, and whether the policy's image is present with the pinned digest.
+//! runtimes, how TCP buffers are bounded, and whether the policy's image is present with the pinned digest.
 
 use airlock_core::policy::{Policy, RootfsSpec};
 use airlock_native::doctor::{Check, Status};
 
 use crate::Flavor;
 use crate::backend::{DockerConfig, GVISOR_SECCOMP_FLAG};
+use crate::tcp::TcpAccounting;
 
 fn check(control: &str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
     Check {
@@ -85,6 +86,37 @@ pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
     }
     match docker.info().await {
         Ok(info) => {
+            checks.push(match crate::backend::tcp_accounting(flavor, &info) {
+                Ok(TcpAccounting::Inherent) => check(
+                    &format!("{prefix}: tcp buffers"),
+                    Status::Ok,
+                    match flavor {
+                        Flavor::Gvisor => {
+                            "gVisor's sockets are its own kernel's memory, held by the memory limit"
+                        }
+                        Flavor::Docker | Flavor::Podman => {
+                            "cgroup v2 charges socket memory to the memory limit"
+                        }
+                    },
+                    None,
+                ),
+                Ok(TcpAccounting::V1(groups)) => check(
+                    &format!("{prefix}: tcp buffers"),
+                    Status::Ok,
+                    format!(
+                        "cgroup v1: each container's memory cgroup is created under {} with \
+                         memory.kmem.tcp.limit_in_bytes = its memory limit",
+                        groups.parent_dir().display()
+                    ),
+                    None,
+                ),
+                Err(e) => check(
+                    &format!("{prefix}: tcp buffers"),
+                    Status::Missing,
+                    format!("{e}; jobs are refused"),
+                    None,
+                ),
+            });
             let runtimes = info.runtimes.unwrap_or_default();
             let mut names: Vec<&str> = runtimes.keys().map(String::as_str).collect();
             names.sort_unstable();

@@ -171,6 +171,33 @@ pub enum DockerError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// This host cannot hold a container's TCP socket buffers to its memory limit
+    /// ([`crate::tcp`]); jobs are refused rather than run unbounded.
+    #[error("the {backend} backend cannot bound TCP socket buffers here: {reason}")]
+    TcpUnbounded {
+        /// The backend.
+        backend: &'static str,
+        /// Why, and what to change.
+        reason: String,
+    },
+    /// A container's memory cgroup with its TCP limit could not be created.
+    #[error("create the memory cgroup {path} of container {container}")]
+    TcpGroup {
+        /// The container.
+        container: String,
+        /// The group's directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The container did not run in the memory cgroup airlock set its TCP limit on.
+    #[error("container {container}: {reason}")]
+    TcpGroupNotUsed {
+        /// The container.
+        container: String,
+        /// Which group it runs in instead.
+        reason: String,
+    },
     /// A task of the backend failed.
     #[error("{0}")]
     Task(String),
@@ -185,6 +212,7 @@ impl DockerError {
             | DockerError::RuntimeMissing { .. }
             | DockerError::RuntimeNotHonoured { .. }
             | DockerError::ImageMissing { .. }
+            | DockerError::TcpUnbounded { .. }
             | DockerError::ProxyConfig(_) => ErrorKind::BackendUnavailable,
             DockerError::NotAnImage { .. }
             | DockerError::DigestMismatch { .. }
@@ -199,6 +227,8 @@ impl DockerError {
             | DockerError::WriteProfile { .. }
             | DockerError::EmptyFile { .. }
             | DockerError::Task(_)
+            | DockerError::TcpGroup { .. }
+            | DockerError::TcpGroupNotUsed { .. }
             | DockerError::Proxy { .. } => ErrorKind::Internal,
         }
     }

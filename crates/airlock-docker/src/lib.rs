@@ -18,6 +18,7 @@ pub mod netns;
 pub mod outdir;
 pub mod seccomp;
 pub mod spec;
+pub mod tcp;
 
 use std::fmt;
 

@@ -84,6 +84,9 @@ pub struct ContainerPlan<'a> {
     /// above its own hard limit, which runc cannot set once every capability is dropped.
     /// The job's real process limit is the pids cgroup.
     pub nproc_ceiling: Option<i64>,
+    /// The daemon's `CgroupParent` for the container, when airlock creates its memory
+    /// cgroup ([`crate::tcp`]); `None` for the daemon's default.
+    pub cgroup_parent: Option<&'a str>,
 }
 
 /// The labels of a job's container.
@@ -247,6 +250,7 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
             pids_limit: Some(pids_limit),
             ulimits: Some(ulimits),
             runtime: plan.runtime.map(str::to_owned),
+            cgroup_parent: plan.cgroup_parent.map(str::to_owned),
             init: Some(false),
             auto_remove: Some(false),
             privileged: Some(false),
@@ -289,6 +293,7 @@ mod tests {
             empty_file: Path::new("/run/airlock-docker/j/empty"),
             nproc_ceiling: Some(32768),
             proxy_port: None,
+            cgroup_parent: None,
         }
     }
 
