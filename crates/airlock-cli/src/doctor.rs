@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use airlock_core::{BackendKind, JobRequest, Outcome};
 use airlock_engine::LoadedPolicy;
-use airlock_native::doctor::{Check, DoctorReport, Status, diagnose};
+use airlock_host::doctor::{Check, Status};
+use airlock_native::doctor::{DoctorReport, diagnose};
 use clap::Args;
 
 use crate::error_chain;

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use airlock_engine::LoadedPolicy;
+use airlock_host::doctor::{Check, Status};
 use airlock_kube::doctor::CheckStatus;
 use airlock_kube::install::{DEFAULT_SUBJECT, Identity, InstallPlan};
-use airlock_native::doctor::{Check, Status};
 use clap::{Args, Subcommand};
 
 use crate::error_chain;

@@ -13,9 +13,9 @@ use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
     RunReport, StreamKind, Termination,
 };
-use airlock_native::jobdir::{JobDir, RuntimeDir};
-use airlock_native::out::OutCaps;
-use airlock_native::plan::IdMapping;
+use airlock_host::ids::IdMapping;
+use airlock_host::jobdir::{JobDir, RuntimeDir};
+use airlock_host::out::OutCaps;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::query_parameters::{

@@ -2,7 +2,7 @@
 //! runtimes, how TCP buffers are bounded, and whether the policy's image is present with the pinned digest.
 
 use airlock_core::policy::{Policy, RootfsSpec};
-use airlock_native::doctor::{Check, Status};
+use airlock_host::doctor::{Check, Status};
 
 use crate::Flavor;
 use crate::backend::{DockerConfig, GVISOR_SECCOMP_FLAG};

@@ -133,7 +133,7 @@ pub enum DockerError {
     },
     /// The job directory could not be made.
     #[error("prepare the job directory")]
-    JobDir(#[source] airlock_native::NativeError),
+    JobDir(#[source] airlock_host::HostError),
     /// Mounting the `/out` tmpfs on the host failed.
     #[error("mount the /out tmpfs at {path}")]
     MountOut {

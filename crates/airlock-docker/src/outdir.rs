@@ -1,13 +1,13 @@
 //! `/out` for container jobs: a size-capped tmpfs mounted on the host (the daemon and
 //! airlock both run as root) at the job directory's `out/`, bound into the container at
 //! `/out`, released after the job through a directory descriptor with the native
-//! backend's rules ([`airlock_native::out::release`]), then unmounted.
+//! backend's rules ([`airlock_host::out::release`]), then unmounted.
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use airlock_native::out::{OutCaps, Released};
+use airlock_host::out::{OutCaps, Released};
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{MountFlags, UnmountFlags};
 
@@ -15,7 +15,7 @@ use crate::error::DockerError;
 use crate::spec::JOB_UID;
 
 /// Inodes of `/out` beyond `max_files`, for the directories a job makes (as native).
-pub const OUT_SPARE_INODES: u64 = airlock_native::backend::OUT_SPARE_INODES;
+pub const OUT_SPARE_INODES: u64 = airlock_host::out::OUT_SPARE_INODES;
 
 /// The tmpfs options of `/out`: its size and inode caps, owned by the job's uid, mode 0700.
 pub fn mount_options(max_bytes: u64, max_files: u32) -> String {
@@ -73,7 +73,7 @@ impl OutMount {
             path: self.path.clone(),
             source: e.into(),
         })?;
-        let released = airlock_native::out::release(&dir, caps);
+        let released = airlock_host::out::release(&dir, caps);
         drop(dir);
         self.unmount();
         Ok(released)

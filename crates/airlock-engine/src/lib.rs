@@ -95,7 +95,7 @@ impl LoadedPolicy {
 /// else `$XDG_STATE_HOME/airlock`, else `~/.local/state/airlock`. Defined once, in the
 /// image store's crate, which needs it without the engine.
 pub fn state_dir() -> PathBuf {
-    airlock_oci::store::state_dir()
+    airlock_host::state_dir()
 }
 
 /// Runs jobs: policy check, backend, observation, audit.

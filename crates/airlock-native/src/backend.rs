@@ -2,6 +2,8 @@
 //! captures bounded output, enforces wall time and the output flood limit, and tears
 //! everything down.
 
+use airlock_host::jobdir::{JobDir, RuntimeDir};
+use airlock_host::out::{self, OUT_SPARE_INODES, OutCaps};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,9 +24,7 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::error::NativeError;
 use crate::helper::{Helper, HelperCommand, HelperInput, HelperOutput, Placement, Started};
-use crate::jobdir::{JobDir, RuntimeDir};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
-use crate::out::{self, OutCaps};
 use crate::plan::{
     CONTROL_FD, HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, MSGQUEUE_RLIMIT_BYTES,
     NAMESPACE_OWNER_SLOTS, PLAN_FD, PROXY_PORT, RlimitResource, RlimitSetting, SIGPENDING_RLIMIT,
@@ -95,8 +95,6 @@ pub fn memfd_noexec_available() -> bool {
 /// The sysctl that makes memfds non-executable.
 pub const MEMFD_NOEXEC_SYSCTL: &str = "/proc/sys/vm/memfd_noexec";
 
-/// Inodes of `/out` beyond `max_files`, for the directories a job makes.
-pub const OUT_SPARE_INODES: u64 = 64;
 /// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
 pub const CPU_RLIMIT_SLACK_SECS: u64 = 2;
 
@@ -653,7 +651,7 @@ impl NativeBackend {
         // What the init handed over before the start is queued on the handoff socket now.
         let mut handed = handoff
             .as_ref()
-            .map(out::receive_handoff)
+            .map(crate::handoff::receive_handoff)
             .unwrap_or_default()
             .into_iter();
         let out_dir = if plan.send_out_dir {

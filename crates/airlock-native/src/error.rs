@@ -23,33 +23,12 @@ pub enum NativeError {
         /// Why.
         reason: String,
     },
+    /// Preparing the job's directories on the host failed.
+    #[error(transparent)]
+    Host(#[from] airlock_host::HostError),
     /// Setting up the cgroup failed.
     #[error("cgroup")]
     Cgroup(#[from] airlock_cgroup::CgroupError),
-    /// Creating the job directory failed.
-    #[error("create job directory {path}")]
-    CreateJobDir {
-        /// The path.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// Writing an input file failed.
-    #[error("write {path}")]
-    WriteInput {
-        /// The path.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The runtime directory is unsafe or unusable.
-    #[error("runtime directory {path}: {reason}")]
-    RuntimeDir {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
     /// Reading the rootfs failed.
     #[error("rootfs {path}")]
     Rootfs {
@@ -96,12 +75,10 @@ impl NativeError {
         match self {
             NativeError::Unsupported { .. }
             | NativeError::FeatureUnavailable { .. }
-            | NativeError::RuntimeDir { .. }
             | NativeError::Rootfs { .. } => ErrorKind::BackendUnavailable,
             NativeError::InterpreterMissing { .. } => ErrorKind::InvalidInput,
-            NativeError::WriteInput { .. } => ErrorKind::Internal,
+            NativeError::Host(e) => e.kind(),
             NativeError::Cgroup(_)
-            | NativeError::CreateJobDir { .. }
             | NativeError::Seccomp(_)
             | NativeError::SpawnHelper { .. }
             | NativeError::Helper(_)

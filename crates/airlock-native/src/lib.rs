@@ -7,14 +7,13 @@
 
 pub mod backend;
 pub mod doctor;
-pub mod error;
+mod error;
+mod handoff;
 mod helper;
 pub mod init;
-pub mod jobdir;
-pub mod mount_plan;
-pub mod out;
+mod mount_plan;
 pub mod plan;
-pub mod pool;
+mod pool;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;

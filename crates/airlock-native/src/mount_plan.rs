@@ -363,7 +363,8 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
     steps
 }
 
-/// Renders a plan as one line per step, for snapshot tests and `airlock doctor --plan`.
+/// Renders a plan as one line per step, for the snapshot tests.
+#[cfg(test)]
 pub fn render_plan(steps: &[MountStep]) -> String {
     fn opts(o: &MountOptions) -> String {
         let mut parts = vec![if o.readonly { "ro" } else { "rw" }];

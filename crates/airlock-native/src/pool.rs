@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use crate::backend::{Launched, NativeBackend, teardown};
 use crate::error::NativeError;
-use crate::jobdir::JobDir;
+use airlock_host::jobdir::JobDir;
 
 /// The bootstrap a warm sandbox's interpreter runs (`python3 <flags> -c BOOTSTRAP`).
 ///
@@ -307,7 +307,7 @@ impl PooledNative {
         if let Err(e) = written {
             launched.kill().await;
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
-            return Err(e);
+            return Err(e.into());
         }
         let message = control_message(&self.shared.template, job);
         let setup = delivered_at.elapsed();

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use airlock_core::JobSpec;
 use airlock_core::policy::WorkdirMode;
 
-use crate::error::NativeError;
-use crate::plan::IdMapping;
+use crate::error::HostError;
+use crate::ids::IdMapping;
 
 /// Where job directories live, checked to be owned by us and not writable by others.
 #[derive(Debug, Clone)]
@@ -35,8 +35,8 @@ impl RuntimeDir {
 
     /// Opens (creating if needed) the runtime directory. Mode 0711: the sandbox init, an
     /// unprivileged uid when airlock is root, must traverse it to reach its own job dir.
-    pub fn open(path: &Path) -> Result<Self, NativeError> {
-        let bad = |reason: String| NativeError::RuntimeDir {
+    pub fn open(path: &Path) -> Result<Self, HostError> {
+        let bad = |reason: String| HostError::RuntimeDir {
             path: path.to_owned(),
             reason,
         };
@@ -165,11 +165,7 @@ pub struct JobDir {
 
 impl JobDir {
     /// Creates the directory, writes the source and the input files into `work/`.
-    pub fn create(
-        runtime: &RuntimeDir,
-        job: &JobSpec,
-        ids: &IdMapping,
-    ) -> Result<Self, NativeError> {
+    pub fn create(runtime: &RuntimeDir, job: &JobSpec, ids: &IdMapping) -> Result<Self, HostError> {
         let dir = Self::create_empty(runtime, job.id.as_str(), ids)?;
         dir.write_job(job, ids)?;
         Ok(dir)
@@ -181,9 +177,9 @@ impl JobDir {
         runtime: &RuntimeDir,
         name: &str,
         ids: &IdMapping,
-    ) -> Result<Self, NativeError> {
+    ) -> Result<Self, HostError> {
         let path = runtime.path().join(name);
-        let create_err = |source: io::Error| NativeError::CreateJobDir {
+        let create_err = |source: io::Error| HostError::CreateJobDir {
             path: path.clone(),
             source,
         };
@@ -231,7 +227,7 @@ impl JobDir {
 
     /// Writes the job's source and input files into `work/` (new files only, never through
     /// a link), and hands `work/` to the job's uid when the policy makes it writable.
-    pub fn write_job(&self, job: &JobSpec, ids: &IdMapping) -> Result<(), NativeError> {
+    pub fn write_job(&self, job: &JobSpec, ids: &IdMapping) -> Result<(), HostError> {
         let work = self.work();
         write_new_file(&work.join(&job.source_file), &job.source, false)?;
         for file in &job.files {
@@ -241,7 +237,7 @@ impl JobDir {
                     .recursive(true)
                     .mode(0o755)
                     .create(parent)
-                    .map_err(|source| NativeError::WriteInput {
+                    .map_err(|source| HostError::WriteInput {
                         path: parent.to_owned(),
                         source,
                     })?;
@@ -250,7 +246,7 @@ impl JobDir {
         }
         if job.filesystem.workdir == WorkdirMode::Rw {
             chown_tree(&work, ids.job_host_uid(), ids.job_host_gid()).map_err(|source| {
-                NativeError::WriteInput {
+                HostError::WriteInput {
                     path: work.clone(),
                     source,
                 }
@@ -292,8 +288,8 @@ impl Drop for JobDir {
     }
 }
 
-fn write_new_file(path: &Path, content: &[u8], executable: bool) -> Result<(), NativeError> {
-    let write_err = |source: io::Error| NativeError::WriteInput {
+fn write_new_file(path: &Path, content: &[u8], executable: bool) -> Result<(), HostError> {
+    let write_err = |source: io::Error| HostError::WriteInput {
         path: path.to_owned(),
         source,
     };

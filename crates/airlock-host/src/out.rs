@@ -1,14 +1,13 @@
 //! Releasing `/out`: after the job, regular files within the caps are read out of the
 //! job's tmpfs, everything else is listed as rejected with the reason.
 //!
-//! The supervisor reads through a descriptor of `/out` that the sandbox init sent it, so
-//! the tmpfs outlives the sandbox but nothing else of it does. Every path is opened
+//! The backend reads through a descriptor of `/out` (the native backend's sandbox init
+//! sends it one, so the tmpfs outlives the sandbox but nothing else of it does). Every path is opened
 //! relative to a directory descriptor with `O_NOFOLLOW`; only regular files are ever
 //! opened (`O_NONBLOCK`, so nothing can hang), after `fstatat` without following links.
 //! By the time this runs every job process is dead, so nothing changes underneath.
 
 use std::io::Read;
-use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 
 use airlock_core::{ByteSize, RejectedFile, ReleasedFile};
@@ -18,6 +17,8 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 pub const OUT_MAX_DEPTH: usize = 8;
 /// Most directory entries looked at, files and directories together, per release.
 pub const OUT_MAX_ENTRIES: usize = 100_000;
+/// Inodes of `/out` beyond `max_files`, for the directories a job makes.
+pub const OUT_SPARE_INODES: u64 = 64;
 
 /// The caps of a release.
 #[derive(Debug, Clone, Copy)]
@@ -37,33 +38,6 @@ pub struct Released {
     pub files: Vec<ReleasedFile>,
     /// Everything else.
     pub rejected: Vec<RejectedFile>,
-}
-
-/// Receives the descriptors the init handed over, without waiting: they were sent before
-/// the job started, so they are queued by the time the supervisor hears it started.
-pub fn receive_handoff(socket: &OwnedFd) -> Vec<OwnedFd> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut byte = [0u8; 1];
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let mut received = Vec::new();
-    if rustix::net::recvmsg(
-        socket,
-        &mut iov,
-        &mut control,
-        RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
-    )
-    .is_err()
-    {
-        return received;
-    }
-    for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = message {
-            received.extend(fds);
-        }
-    }
-    received
 }
 
 /// Walks `/out` through `dir` and releases what the caps allow.
