@@ -87,6 +87,8 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+log "crate graph: no backend depends on another"
+scripts/ci/crate-graph.sh
 log "cargo nextest run --workspace (as root)"
 # The conformance suite runs per backend from scripts/ci/docker.sh, once the daemons are up;
 # airlock-oci's image and registry tests from scripts/ci/images.sh, which builds the image
