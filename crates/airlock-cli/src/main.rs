@@ -151,17 +151,5 @@ fn policy_show(file: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
-/// An error and its sources, joined with ": ".
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
-}
+/// An error and its sources, joined with ": ", each text once.
+pub(crate) use airlock_core::error::chain_without_repeats as error_chain;

@@ -101,3 +101,91 @@ impl Error {
         }
     }
 }
+
+/// An error and every one of its sources, joined with ": ". Sources carry the detail a
+/// caller needs (the OS reason behind an I/O failure), and `Display` of the outer error
+/// alone drops them.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Like [`chain`], but a source whose text already appears in the message so far is left
+/// out: for errors whose `Display` already embeds their source (`"...: {0}"` with
+/// `#[from]`), which would otherwise be printed twice.
+pub fn chain_without_repeats(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let source_text = s.to_string();
+        if !text.contains(&source_text) {
+            text.push_str(": ");
+            text.push_str(&source_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a fixed message and an optional source.
+    #[derive(Debug)]
+    struct Link {
+        message: &'static str,
+        source: Option<Box<Link>>,
+    }
+
+    impl std::fmt::Display for Link {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.message)
+        }
+    }
+
+    impl std::error::Error for Link {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.source
+                .as_deref()
+                .map(|s| s as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    fn links(messages: &[&'static str]) -> Link {
+        let mut link: Option<Box<Link>> = None;
+        for message in messages.iter().rev() {
+            link = Some(Box::new(Link {
+                message,
+                source: link,
+            }));
+        }
+        *link.unwrap()
+    }
+
+    #[test]
+    fn chain_joins_every_source_in_order() {
+        let err = links(&["open /x", "mount", "Permission denied (os error 13)"]);
+        assert_eq!(
+            chain(&err),
+            "open /x: mount: Permission denied (os error 13)"
+        );
+        assert_eq!(chain(&links(&["alone"])), "alone");
+    }
+
+    #[test]
+    fn chain_keeps_repeated_text_and_chain_without_repeats_drops_it() {
+        let err = links(&["read policy: not found", "not found", "os error 2"]);
+        assert_eq!(chain(&err), "read policy: not found: not found: os error 2");
+        assert_eq!(
+            chain_without_repeats(&err),
+            "read policy: not found: os error 2"
+        );
+    }
+}

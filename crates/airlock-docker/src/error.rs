@@ -237,13 +237,6 @@ impl DockerError {
 impl From<DockerError> for BackendError {
     fn from(err: DockerError) -> Self {
         let kind = err.kind();
-        let mut message = err.to_string();
-        let mut source = std::error::Error::source(&err);
-        while let Some(s) = source {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            source = s.source();
-        }
-        BackendError::new(kind, message)
+        BackendError::new(kind, airlock_core::error::chain(&err))
     }
 }

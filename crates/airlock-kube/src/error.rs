@@ -157,16 +157,6 @@ impl KubeError {
 impl From<KubeError> for BackendError {
     fn from(err: KubeError) -> Self {
         let kind = err.kind();
-        let mut message = err.to_string();
-        let mut source = std::error::Error::source(&err);
-        while let Some(s) = source {
-            let text = s.to_string();
-            if !message.contains(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            source = s.source();
-        }
-        BackendError::new(kind, message)
+        BackendError::new(kind, airlock_core::error::chain_without_repeats(&err))
     }
 }

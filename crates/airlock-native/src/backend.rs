@@ -57,18 +57,6 @@ fn job_env(job: &JobSpec) -> Vec<(String, String)> {
     }
 }
 
-/// An error and its sources, joined with ": ".
-fn error_text(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// The next job user namespace's owner slot: consecutive within this process (so up to
 /// [`NAMESPACE_OWNER_SLOTS`] sandboxes of one airlock never share an owner), from a random
 /// start (so two airlock processes on one host rarely do; when they do, the two jobs share
@@ -281,7 +269,7 @@ impl NativeBackend {
                 path: self.config.image_store.clone(),
                 source: std::io::Error::other(format!(
                     "image {reference}@{digest}: {}",
-                    error_text(&e)
+                    airlock_core::error::chain(&e)
                 )),
             },
         )

@@ -91,13 +91,6 @@ impl From<NativeError> for BackendError {
     fn from(err: NativeError) -> Self {
         let kind = err.kind();
         // The full chain, since error sources carry the OS reason.
-        let mut message = err.to_string();
-        let mut source = std::error::Error::source(&err);
-        while let Some(s) = source {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            source = s.source();
-        }
-        BackendError::new(kind, message)
+        BackendError::new(kind, airlock_core::error::chain(&err))
     }
 }

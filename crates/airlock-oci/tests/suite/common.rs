@@ -202,14 +202,4 @@ pub fn airlock_bin() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().join("airlock")
 }
 
-/// An error and its sources.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+pub use airlock_core::error::chain;

@@ -1,0 +1,175 @@
+//! `[native]`: settings of the native backend.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::LanguageSpec;
+use crate::units::duration_serde;
+
+/// Settings of the native backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NativePolicy {
+    /// Where job cgroups are created: `"auto"` or a path relative to the cgroup mount.
+    pub cgroup_parent: CgroupParent,
+    /// When airlock runs as root, in-sandbox ids 0..65535 map to host ids starting here,
+    /// so the job's uid 65534 is an unused host uid, never a real account or root.
+    pub host_uid_base: u32,
+    /// Weaker shapes this policy accepts when the host cannot give the full one. Empty by
+    /// default: a missing control refuses the job. `"cgroup"` accepts rlimits (address
+    /// space, process count, CPU time) in place of cgroup limits, for unprivileged use
+    /// without a delegated cgroup; `"swap"` accepts an uncapped swap on a host with swap
+    /// enabled and no swap accounting; observations and audit lines then list what is
+    /// degraded.
+    pub allow_degraded: Vec<DegradedControl>,
+    /// Sandboxes `airlock serve` and `airlock mcp` keep started ahead of time for
+    /// `warm_language` jobs, each fully isolated and used for one job only. 0 (the default)
+    /// starts every sandbox on demand.
+    pub warm_pool: u32,
+    /// The language warm sandboxes are started for; its interpreter must be Python.
+    pub warm_language: String,
+    /// How long a warm sandbox may wait for its job; older ones are torn down and replaced,
+    /// so no sandbox outlives this however quiet the server is.
+    #[serde(with = "duration_serde")]
+    pub warm_idle: Duration,
+}
+
+/// A control a policy may accept in a weaker form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DegradedControl {
+    /// rlimits instead of cgroup limits for memory, CPU and processes.
+    Cgroup,
+    /// A memory limit without a swap limit, on a host that has swap enabled but no swap
+    /// accounting (v1 without `memory.memsw.*`, v2 without `memory.swap.max`): a job may
+    /// then page out beyond its memory limit.
+    Swap,
+}
+
+impl NativePolicy {
+    /// How many ids are mapped (in-sandbox 0..=65535).
+    pub const MAPPED_IDS: u32 = 65_536;
+    /// The lowest allowed base: below it lie real accounts and subuid ranges.
+    pub const HOST_UID_BASE_MIN: u32 = 1_000_000;
+    /// The largest warm pool (each warm sandbox holds an interpreter's memory).
+    pub const WARM_POOL_MAX: u32 = 64;
+    /// The shortest idle lifetime: below it the pool would spend its time restarting.
+    pub const WARM_IDLE_MIN: Duration = Duration::from_secs(1);
+    /// The longest idle lifetime.
+    pub const WARM_IDLE_MAX: Duration = Duration::from_secs(24 * 3600);
+
+    /// Checks the settings; `languages` is the policy's table, which the warm language must
+    /// be in. Returns the field name and reason.
+    pub(super) fn check(
+        &self,
+        languages: &BTreeMap<String, LanguageSpec>,
+    ) -> Result<(), (&'static str, String)> {
+        if let CgroupParent::Path(path) = &self.cgroup_parent
+            && (path.is_absolute() || path.components().any(|c| c.as_os_str() == ".."))
+        {
+            return Err((
+                "cgroup_parent",
+                "must be \"auto\" or a relative path below the cgroup mount, without ..".to_owned(),
+            ));
+        }
+        if self.host_uid_base < Self::HOST_UID_BASE_MIN
+            || self.host_uid_base > u32::MAX - Self::MAPPED_IDS
+        {
+            return Err((
+                "host_uid_base",
+                format!(
+                    "must be between {} and {}",
+                    Self::HOST_UID_BASE_MIN,
+                    u32::MAX - Self::MAPPED_IDS
+                ),
+            ));
+        }
+        if self.warm_pool > Self::WARM_POOL_MAX {
+            return Err((
+                "warm_pool",
+                format!("must be at most {}", Self::WARM_POOL_MAX),
+            ));
+        }
+        if !(Self::WARM_IDLE_MIN..=Self::WARM_IDLE_MAX).contains(&self.warm_idle) {
+            return Err((
+                "warm_idle",
+                format!(
+                    "must be between {}s and {}s",
+                    Self::WARM_IDLE_MIN.as_secs(),
+                    Self::WARM_IDLE_MAX.as_secs()
+                ),
+            ));
+        }
+        if self.warm_pool > 0 {
+            let language = languages.get(&self.warm_language);
+            let python = language.is_some_and(|l| {
+                let program = l.command[0].rsplit('/').next().unwrap_or_default();
+                program.starts_with("python")
+                    && l.command.last().map(String::as_str) == Some(LanguageSpec::FILE_PLACEHOLDER)
+                    && l.command
+                        .iter()
+                        .filter(|a| a.contains(LanguageSpec::FILE_PLACEHOLDER))
+                        .count()
+                        == 1
+            });
+            if !python {
+                return Err((
+                    "warm_language",
+                    format!(
+                        "{:?} must be a language whose command is a Python interpreter with \
+                         {} as its last argument (warm sandboxes start Python ahead of the job)",
+                        self.warm_language,
+                        LanguageSpec::FILE_PLACEHOLDER
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for NativePolicy {
+    fn default() -> Self {
+        Self {
+            cgroup_parent: CgroupParent::Auto,
+            host_uid_base: 1_879_048_192,
+            allow_degraded: Vec::new(),
+            warm_pool: 0,
+            warm_language: "python".to_owned(),
+            warm_idle: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Where job cgroups live.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CgroupParent {
+    /// Below airlock's own cgroup.
+    #[default]
+    Auto,
+    /// A path relative to the cgroup mount root.
+    Path(PathBuf),
+}
+
+impl Serialize for CgroupParent {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CgroupParent::Auto => serializer.serialize_str("auto"),
+            CgroupParent::Path(p) => serializer.serialize_str(&p.to_string_lossy()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CgroupParent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Ok(if text == "auto" {
+            CgroupParent::Auto
+        } else {
+            CgroupParent::Path(PathBuf::from(text))
+        })
+    }
+}
