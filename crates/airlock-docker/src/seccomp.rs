@@ -309,6 +309,19 @@ mod tests {
         }
     }
 
+    /// The typed renderer in airlock-sys replaces this one: same bytes, both flavours.
+    #[test]
+    fn the_typed_renderer_gives_the_same_profile() {
+        let policy = airlock_sys::seccomp::SeccompPolicy::builtin().unwrap();
+        for allow_clone3 in [false, true] {
+            assert_eq!(
+                policy.to_oci_profile(allow_clone3).unwrap(),
+                docker_profile(POLICY_JSON, allow_clone3).unwrap(),
+                "allow_clone3 = {allow_clone3}"
+            );
+        }
+    }
+
     #[test]
     fn an_unknown_overlap_is_refused() {
         let policy = r#"{"allow": {"filter": [{"syscall": "read"}]},
