@@ -219,3 +219,232 @@ pub(super) fn to_oci_profile(
     });
     Ok(profile.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use pretty_assertions::assert_eq;
+
+    use super::super::BUILTIN_POLICY_JSON;
+    use super::*;
+
+    fn profile_of(json: &str, allow_clone3: bool) -> Value {
+        let text = SeccompPolicy::parse(json)
+            .unwrap()
+            .to_oci_profile(allow_clone3)
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn profile() -> Value {
+        profile_of(BUILTIN_POLICY_JSON, false)
+    }
+
+    fn actions_for(profile: &Value, name: &str) -> Vec<Value> {
+        profile["syscalls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["names"].as_array().unwrap().iter().any(|n| n == name))
+            .cloned()
+            .collect()
+    }
+
+    /// The profile Docker, Podman and Kubernetes load, pretty-printed for review: every
+    /// change of the policy or of this renderer shows here.
+    #[test]
+    fn rendered_oci_profile() {
+        insta::assert_snapshot!(serde_json::to_string_pretty(&profile()).unwrap());
+    }
+
+    #[test]
+    fn gvisor_differs_only_in_clone3() {
+        let mut docker = profile();
+        let mut gvisor = profile_of(BUILTIN_POLICY_JSON, true);
+        let take_clone3 = |p: &mut Value| {
+            let syscalls = p["syscalls"].as_array_mut().unwrap();
+            let at = syscalls
+                .iter()
+                .position(|e| e["names"] == json!(["clone3"]))
+                .unwrap();
+            syscalls.remove(at)
+        };
+        assert_eq!(
+            take_clone3(&mut docker),
+            json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38})
+        );
+        assert_eq!(
+            take_clone3(&mut gvisor),
+            json!({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"})
+        );
+        assert_eq!(docker, gvisor);
+    }
+
+    #[test]
+    fn the_native_policy_renders_with_enosys_by_default() {
+        let p = profile();
+        assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(p["defaultErrnoRet"], 38);
+        assert_eq!(actions_for(&p, "read")[0]["action"], "SCMP_ACT_ALLOW");
+        // Denied outright with EPERM, like the native filter.
+        for name in [
+            "mount",
+            "ptrace",
+            "bpf",
+            "keyctl",
+            "io_uring_setup",
+            "io_setup",
+            "io_submit",
+            "unshare",
+            "setns",
+        ] {
+            let rules = actions_for(&p, name);
+            assert_eq!(rules.len(), 1, "{name}: {rules:?}");
+            assert_eq!(rules[0]["action"], "SCMP_ACT_ERRNO", "{name}");
+            assert_eq!(rules[0]["errnoRet"], 1, "{name}");
+        }
+        // Absent from both lists: ENOSYS, explicitly for clone3 (libc then uses clone).
+        let clone3 = actions_for(&p, "clone3");
+        assert_eq!(clone3.len(), 1);
+        assert_eq!(clone3[0]["errnoRet"], 38);
+    }
+
+    /// Every syscall of the policy is in the profile, with the action its filter gives it:
+    /// unconditional denies answer EPERM only, unconditional allows are allowed.
+    #[test]
+    fn every_policy_syscall_is_in_the_profile() {
+        let policy = SeccompPolicy::builtin().unwrap();
+        let p = profile();
+        for name in FilterName::INSTALL_ORDER {
+            for rule in &policy.filter(name).unwrap().filter {
+                let rules = actions_for(&p, &rule.syscall);
+                assert!(!rules.is_empty(), "{}: missing", rule.syscall);
+                if rule.args.is_none() && name == FilterName::Deny {
+                    assert_eq!(
+                        rules,
+                        [
+                            json!({"names": rules[0]["names"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1})
+                        ],
+                        "{}",
+                        rule.syscall
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn overlapping_rules_are_disjoint() {
+        let p = profile();
+        let clone = actions_for(&p, "clone");
+        let allowed: Vec<&Value> = clone
+            .iter()
+            .filter(|r| r["action"] == "SCMP_ACT_ALLOW")
+            .collect();
+        // Allowed only if no namespace flag is set: the mask is the OR of all seven.
+        assert_eq!(allowed.len(), 1);
+        assert_eq!(allowed[0]["args"][0]["value"], 0x7e02_0000_u64);
+        assert_eq!(allowed[0]["args"][0]["valueTwo"], 0);
+        assert_eq!(
+            clone
+                .iter()
+                .filter(|r| r["action"] == "SCMP_ACT_ERRNO")
+                .count(),
+            7
+        );
+        let socket = actions_for(&p, "socket");
+        // AF_INET (2) only as stream or datagram.
+        let inet: Vec<&Value> = socket
+            .iter()
+            .filter(|r| r["action"] == "SCMP_ACT_ALLOW" && r["args"][0]["value"] == 2)
+            .collect();
+        assert_eq!(inet.len(), 2, "{inet:?}");
+        assert!(
+            inet.iter()
+                .all(|r| r["args"][1]["op"] == "SCMP_CMP_MASKED_EQ")
+        );
+        // ioctl: allowed outright, no container job has a terminal.
+        assert_eq!(
+            actions_for(&p, "ioctl")
+                .iter()
+                .map(|r| r["action"].clone())
+                .collect::<Vec<_>>(),
+            ["SCMP_ACT_ALLOW"]
+        );
+    }
+
+    #[test]
+    fn mknod_of_devices_is_refused_and_fifos_are_allowed() {
+        let p = profile();
+        for (name, index) in [("mknod", 1), ("mknodat", 2)] {
+            let rules = actions_for(&p, name);
+            let denied: Vec<&Value> = rules
+                .iter()
+                .filter(|r| r["action"] == "SCMP_ACT_ERRNO")
+                .collect();
+            let mut denied_types: Vec<u64> = denied
+                .iter()
+                .map(|r| r["args"][0]["valueTwo"].as_u64().unwrap())
+                .collect();
+            denied_types.sort();
+            assert_eq!(denied_types, [0o020000, 0o060000], "{name}: {rules:?}");
+            assert!(
+                denied
+                    .iter()
+                    .all(|r| r["errnoRet"] == 1 && r["args"][0]["index"] == index)
+            );
+            let allowed: Vec<u64> = rules
+                .iter()
+                .filter(|r| r["action"] == "SCMP_ACT_ALLOW")
+                .map(|r| r["args"][0]["valueTwo"].as_u64().unwrap())
+                .collect();
+            assert!(allowed.contains(&0o010000), "{name}: FIFOs allowed");
+            assert!(!allowed.contains(&0o020000) && !allowed.contains(&0o060000));
+        }
+    }
+
+    const OVERLAPPING: &str = r#"{
+        "allow": {"mismatch_action": {"errno": 38}, "match_action": "allow",
+                  "filter": [{"syscall": "read", "comment": "read"}]},
+        "deny": {"mismatch_action": "allow", "match_action": {"errno": 1},
+                 "filter": [{"syscall": "read", "comment": "fd 3",
+                             "args": [{"index": 0, "type": "dword", "op": "eq", "val": 3}]}]}
+    }"#;
+
+    #[test]
+    fn an_unknown_overlap_is_refused() {
+        let policy = SeccompPolicy::parse(OVERLAPPING).unwrap();
+        assert!(matches!(
+            policy.to_oci_profile(false),
+            Err(SeccompError::OciOverlap { syscall }) if syscall == "read"
+        ));
+    }
+
+    #[test]
+    fn comparisons_an_oci_profile_cannot_say_are_refused() {
+        let policy = SeccompPolicy::parse(
+            &OVERLAPPING
+                .replace(
+                    r#""syscall": "read", "comment": "fd 3""#,
+                    r#""syscall": "write", "comment": "fd 3""#,
+                )
+                .replace(r#""op": "eq""#, r#""op": "ge""#),
+        )
+        .unwrap();
+        assert!(matches!(
+            policy.to_oci_profile(false),
+            Err(SeccompError::OciUnsupported { syscall }) if syscall == "write"
+        ));
+    }
+
+    #[test]
+    fn a_deny_filter_without_errno_is_refused() {
+        let policy =
+            SeccompPolicy::parse(&OVERLAPPING.replace(r#"{"errno": 1}"#, r#""trap""#)).unwrap();
+        assert!(matches!(
+            policy.to_oci_profile(false),
+            Err(SeccompError::OciShape {
+                name: FilterName::Deny
+            })
+        ));
+    }
+}
