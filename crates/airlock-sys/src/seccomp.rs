@@ -1,4 +1,5 @@
-//! Seccomp: compiling the policy in `policy/seccomp.json` and installing it.
+//! Seccomp: the policy in `policy/seccomp.json`, compiled to BPF and installed (native
+//! backend) or rendered as an OCI profile (container backends, Kubernetes).
 //!
 //! The policy is reviewed data in seccompiler's JSON format with two filters, installed in
 //! this order:
