@@ -1,4 +1,5 @@
-//! Seccomp: compiling the policy in `policy/seccomp.json` and installing it.
+//! Seccomp: the policy in `policy/seccomp.json`, compiled to BPF and installed (native
+//! backend) or rendered as an OCI profile (container backends, Kubernetes).
 //!
 //! The policy is reviewed data in seccompiler's JSON format with two filters, installed in
 //! this order:
@@ -14,9 +15,16 @@
 //! refuse fails with the deny filter's `EPERM`. Calls made through another architecture's
 //! ABI (`int 0x80`, i386) kill the process: seccompiler checks the audit arch first.
 //!
+//! The policy is parsed once into a [`SeccompPolicy`], which has two renderings:
+//! [`SeccompPolicy::to_bpf`], the BPF programs of the native backend, and
+//! [`SeccompPolicy::to_oci_profile`], the one-filter OCI profile the container backends
+//! (Docker, Podman, gVisor) and Kubernetes load.
+//!
 //! The supervisor compiles the policy once ([`CompiledSeccomp::builtin`]) and ships the BPF
 //! programs to the sandbox init process, which calls [`CompiledSeccomp::install`] just
 //! before `execve`.
+
+mod oci;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -127,6 +135,31 @@ pub enum SeccompError {
         /// Its number of instructions.
         len: usize,
     },
+    /// The policy's actions are not the shape an OCI profile can say (the allowlist must
+    /// answer mismatches with an errno, the denylist its matches).
+    #[error("seccomp {name} filter has actions the OCI profile cannot express")]
+    OciShape {
+        /// The filter with the unexpected actions.
+        name: FilterName,
+    },
+    /// An argument comparison the OCI rendering does not support (only `eq` and
+    /// `masked_eq` are).
+    #[error(
+        "seccomp rule for {syscall} has a comparison the OCI profile renderer does not support"
+    )]
+    OciUnsupported {
+        /// The rule's syscall.
+        syscall: String,
+    },
+    /// A syscall has rules on both lists that the OCI renderer does not know how to make
+    /// disjoint (an OCI profile is one filter).
+    #[error(
+        "seccomp policy: {syscall} is on both the allow and the deny list; teach the OCI profile renderer how to make its rules disjoint"
+    )]
+    OciOverlap {
+        /// The syscall on both lists.
+        syscall: String,
+    },
     /// The policy is written for x86_64 and this build runs elsewhere.
     #[error("seccomp policy is for x86_64 only")]
     UnsupportedArch,
@@ -189,6 +222,66 @@ impl From<BpfInstruction> for sock_filter {
     }
 }
 
+/// The reviewed policy, parsed and checked: the one source of both renderings.
+#[derive(Debug)]
+pub struct SeccompPolicy {
+    /// The text it was parsed from, which seccompiler compiles to BPF.
+    json: String,
+    filters: BTreeMap<FilterName, PolicyFilter>,
+}
+
+impl SeccompPolicy {
+    /// Parses the embedded policy, [`BUILTIN_POLICY_JSON`].
+    pub fn builtin() -> Result<Self, SeccompError> {
+        Self::parse(BUILTIN_POLICY_JSON)
+    }
+
+    /// Parses a policy in seccompiler's JSON format.
+    ///
+    /// The policy must have exactly the filters `allow` and `deny`, a non-empty comment on
+    /// every rule, and no syscall listed both unconditionally and with another rule in the
+    /// same filter.
+    pub fn parse(json: &str) -> Result<Self, SeccompError> {
+        Ok(Self {
+            json: json.to_owned(),
+            filters: parse_policy(json)?,
+        })
+    }
+
+    /// Compiles the policy to BPF for x86_64, one program per filter.
+    pub fn to_bpf(&self) -> Result<CompiledSeccomp, SeccompError> {
+        let mut programs = seccompiler::compile_from_json(self.json.as_bytes(), TARGET_ARCH)
+            .map_err(SeccompError::CompilePolicy)?;
+        let mut take = |name: FilterName| {
+            programs
+                .remove(name.as_str())
+                .map(|program| program.iter().map(BpfInstruction::from).collect::<Vec<_>>())
+                .ok_or(SeccompError::MissingFilter { name })
+        };
+        Ok(CompiledSeccomp {
+            allow: take(FilterName::Allow)?,
+            deny: take(FilterName::Deny)?,
+        })
+    }
+
+    /// Renders the policy as one OCI seccomp profile (JSON text, for Docker's `SecurityOpt:
+    /// seccomp=…`, Podman's profile file and a Kubernetes `Localhost` profile).
+    ///
+    /// `allow_clone3`: gVisor answers every `SCMP_ACT_ERRNO` of an OCI profile with `EPERM`
+    /// (its runsc of 2022 ignores `errnoRet`), on which glibc gives up creating threads
+    /// instead of falling back to `clone`. There `clone3` is allowed: its namespace flags
+    /// create namespaces of gVisor's own kernel, never of the host's.
+    pub fn to_oci_profile(&self, allow_clone3: bool) -> Result<String, SeccompError> {
+        oci::to_oci_profile(self, allow_clone3)
+    }
+
+    fn filter(&self, name: FilterName) -> Result<&PolicyFilter, SeccompError> {
+        self.filters
+            .get(&name)
+            .ok_or(SeccompError::MissingFilter { name })
+    }
+}
+
 /// The compiled policy: one BPF program per filter, installed `allow` then `deny`.
 ///
 /// Compiled once by the supervisor and shipped to the sandbox init process inside its plan
@@ -212,19 +305,7 @@ impl CompiledSeccomp {
     /// every rule, and no syscall listed both unconditionally and with another rule in the
     /// same filter.
     pub fn from_policy_json(json: &str) -> Result<Self, SeccompError> {
-        parse_policy(json)?;
-        let mut programs = seccompiler::compile_from_json(json.as_bytes(), TARGET_ARCH)
-            .map_err(SeccompError::CompilePolicy)?;
-        let mut take = |name: FilterName| {
-            programs
-                .remove(name.as_str())
-                .map(|program| program.iter().map(BpfInstruction::from).collect::<Vec<_>>())
-                .ok_or(SeccompError::MissingFilter { name })
-        };
-        Ok(Self {
-            allow: take(FilterName::Allow)?,
-            deny: take(FilterName::Deny)?,
-        })
+        SeccompPolicy::parse(json)?.to_bpf()
     }
 
     /// The BPF program of one filter.
@@ -282,12 +363,13 @@ fn to_program(filter: FilterName, program: &[BpfInstruction]) -> Result<BpfProgr
 /// install order, then position in the file), with its filter, number, action, argument
 /// conditions and comment. Deterministic, so a snapshot test shows every policy change.
 pub fn render_policy(json: &str) -> Result<String, SeccompError> {
-    let policy = parse_policy(json)?;
-    let compiled = CompiledSeccomp::from_policy_json(json)?;
+    let parsed = SeccompPolicy::parse(json)?;
+    let compiled = parsed.to_bpf()?;
+    let policy = &parsed.filters;
 
     let mut numbers: BTreeMap<&str, u32> = BTreeMap::new();
     let mut rows = Vec::new();
-    for (name, filter) in &policy {
+    for (name, filter) in policy {
         for (position, rule) in filter.filter.iter().enumerate() {
             let number = match numbers.get(rule.syscall.as_str()) {
                 Some(number) => *number,
@@ -329,7 +411,7 @@ pub fn render_policy(json: &str) -> Result<String, SeccompError> {
         .unwrap_or(0);
 
     let mut out = String::from("# seccomp policy for x86_64, filters in install order\n");
-    for (name, filter) in &policy {
+    for (name, filter) in policy {
         out.push_str(&format!(
             "# {name}: {} rules, no match -> {}, match -> {}, {} BPF instructions\n",
             filter.filter.len(),
