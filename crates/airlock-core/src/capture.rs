@@ -92,7 +92,17 @@ impl CapturedOutput {
     /// (escapes and markers count as what they are on the wire), never inside a redaction
     /// marker, an escape or a character.
     pub fn render_redacted(&self, redact: &dyn Fn(String) -> (String, u64)) -> RenderedStream {
-        let (redacted, redactions) = redact(self.rendered());
+        self.render_redacted_from(self.rendered(), redact)
+    }
+
+    /// [`CapturedOutput::render_redacted`] for a caller that already holds
+    /// [`CapturedOutput::rendered`].
+    pub fn render_redacted_from(
+        &self,
+        rendered: String,
+        redact: &dyn Fn(String) -> (String, u64),
+    ) -> RenderedStream {
+        let (redacted, redactions) = redact(rendered);
         // Never past what the first `cap` raw bytes render to, however redaction shrank
         // the text: the lookahead is for recognising secrets, not for showing more.
         let raw_end = if self.kept.len() > self.cap {
@@ -119,6 +129,20 @@ pub struct RenderedStream {
     /// Whether anything of the stream is missing from `text`: bytes past the cap, or
     /// rendered text that escaping made longer than the cap.
     pub truncated: bool,
+}
+
+/// The last and the first [`REDACTION_LOOKAHEAD_BYTES`] of `text` (at character
+/// boundaries): all of another stream a secret split across the two can reach into.
+pub fn context_window(text: &str) -> (&str, &str) {
+    let mut tail = text.len().saturating_sub(REDACTION_LOOKAHEAD_BYTES);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    let mut head = REDACTION_LOOKAHEAD_BYTES.min(text.len());
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    (&text[tail..], &text[..head])
 }
 
 /// The marker redaction leaves behind, up to the rule's name.
@@ -346,6 +370,19 @@ mod tests {
         let shown = out.render_redacted(&|t| (t, 0));
         assert_eq!(shown.text.len(), 2000);
         assert!(shown.truncated);
+    }
+
+    #[test]
+    fn context_windows_are_the_tail_and_head_at_character_boundaries() {
+        assert_eq!(context_window("short"), ("short", "short"));
+        let long = format!(
+            "{}✓{}",
+            "a".repeat(REDACTION_LOOKAHEAD_BYTES - 1),
+            "b".repeat(REDACTION_LOOKAHEAD_BYTES)
+        );
+        let (tail, head) = context_window(&long);
+        assert_eq!(tail, "b".repeat(REDACTION_LOOKAHEAD_BYTES));
+        assert_eq!(head, "a".repeat(REDACTION_LOOKAHEAD_BYTES - 1));
     }
 
     #[test]

@@ -343,13 +343,18 @@ impl RunReport {
             Termination::Signaled(sig) => (None, Some(signal_name(sig))),
             Termination::Unknown => (None, None),
         };
-        let (stdout_context, stderr_context) = (self.stdout.rendered(), self.stderr.rendered());
-        let stdout = self
-            .stdout
-            .render_redacted(&|text| redact(&stderr_context, text, &stderr_context));
-        let stderr = self
-            .stderr
-            .render_redacted(&|text| redact(&stdout_context, text, &stdout_context));
+        // Each stream once rendered; the other is context only where a split secret can
+        // reach: its tail before this stream's text, its head after.
+        let (stdout_text, stderr_text) = (self.stdout.rendered(), self.stderr.rendered());
+        let owned = |(tail, head): (&str, &str)| (tail.to_owned(), head.to_owned());
+        let (stdout_tail, stdout_head) = owned(crate::capture::context_window(&stdout_text));
+        let (stderr_tail, stderr_head) = owned(crate::capture::context_window(&stderr_text));
+        let stdout = self.stdout.render_redacted_from(stdout_text, &|text| {
+            redact(&stderr_tail, text, &stderr_head)
+        });
+        let stderr = self.stderr.render_redacted_from(stderr_text, &|text| {
+            redact(&stdout_tail, text, &stdout_head)
+        });
         let mut listed = Vec::with_capacity(self.out_files.len());
         let mut released = Vec::with_capacity(self.out_files.len());
         let mut rejected = Vec::with_capacity(self.out_rejected.len());
