@@ -7,8 +7,7 @@
 #
 # The venv lives in ${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}/python-<key>, where the key
 # is a hash of the pins and the Python version: reinstalled only when a pin changes.
-# AIRLOCK_REQUIRE_ALL=1 turns every skipped test into a failure (including the tests
-# marked "PENDING CONTRACT", whose features the Rust side has not shipped yet).
+# AIRLOCK_REQUIRE_ALL=1 turns every skipped test into a failure.
 # Run as root (the native sandbox needs it). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")"

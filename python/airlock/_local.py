@@ -14,7 +14,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -164,9 +163,7 @@ async def _async_terminate(process: asyncio.subprocess.Process) -> None:
 
 
 def tool_schema(binary: str, policy: str | None, fmt: str, timeout_s: float) -> dict[str, Any]:
-    """The run_code tool's definition from the binary: `airlock tool-schema --format F`,
-    or, from a binary without that command, the tool as `airlock mcp` lists it (the same
-    name, description and parameters, in the non-strict MCP form)."""
+    """The run_code tool's definition from the binary: `airlock tool-schema --format F`."""
     policy_args = ["--policy", policy] if policy else []
     try:
         done = subprocess.run(
@@ -178,73 +175,13 @@ def tool_schema(binary: str, policy: str | None, fmt: str, timeout_s: float) -> 
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TransportError(f"{binary} tool-schema: {e}") from e
-    if done.returncode == 0:
-        try:
-            data = json.loads(done.stdout)
-        except ValueError as e:
-            raise TransportError("airlock tool-schema printed something other than JSON") from e
-        if isinstance(data, dict):
-            return data
-        raise TransportError("airlock tool-schema printed something other than an object")
-    if b"unrecognized subcommand" not in done.stderr:
+    if done.returncode != 0:
         quoted = done.stderr[-STDERR_QUOTE_BYTES:].decode("utf-8", "replace").strip()
         raise TransportError(f"airlock tool-schema exited {done.returncode}: {quoted}")
-    return _tool_from_mcp(binary, policy_args, timeout_s)
-
-
-def _tool_from_mcp(binary: str, policy_args: list[str], timeout_s: float) -> dict[str, Any]:
-    messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "airlock-python", "version": "0"},
-            },
-        },
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
-    ]
-    process = subprocess.Popen(
-        [binary, "mcp", *policy_args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    # Reading the replies blocks; a server that never answers is killed at the deadline.
-    watchdog = threading.Timer(timeout_s, process.kill)
-    watchdog.start()
     try:
-        assert process.stdin is not None and process.stdout is not None
-        for message in messages:
-            process.stdin.write(json.dumps(message).encode() + b"\n")
-        process.stdin.flush()
-        tools: list[Any] | None = None
-        # Replies come one JSON object a line; the tools/list answer is the one with id 2.
-        for line in process.stdout:
-            reply = json.loads(line)
-            if isinstance(reply, dict) and reply.get("id") == 2:
-                tools = (reply.get("result") or {}).get("tools")
-                break
-        process.stdin.close()
-        process.wait(timeout=timeout_s)
-    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
-        raise TransportError(f"list the tool from {binary} mcp: {e}") from e
-    finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    for tool in tools or []:
-        if isinstance(tool, dict) and tool.get("name") == "run_code":
-            return {
-                "type": "function",
-                "function": {
-                    "name": tool["name"],
-                    "description": tool.get("description", ""),
-                    "parameters": tool.get("inputSchema", {}),
-                },
-            }
-    raise TransportError(f"{binary} mcp lists no run_code tool")
+        data = json.loads(done.stdout)
+    except ValueError as e:
+        raise TransportError("airlock tool-schema printed something other than JSON") from e
+    if isinstance(data, dict):
+        return data
+    raise TransportError("airlock tool-schema printed something other than an object")

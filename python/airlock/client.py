@@ -15,7 +15,7 @@ from typing import Any
 from . import _http, _local
 from ._request import NetworkMode, RunRequest
 from ._types import Chunk, Observation
-from .errors import AirlockError, InvalidInput, TransportError, raise_for_observation
+from .errors import AirlockError, TransportError, raise_for_observation
 
 #: Added to the job's wall time for the client's own deadline in local mode: sandbox
 #: setup and teardown.
@@ -24,11 +24,6 @@ LOCAL_MARGIN_S = 30.0
 REMOTE_MARGIN_S = 90.0
 #: The wall time assumed when neither the call nor the policy's tool schema says one.
 UNKNOWN_WALL_S = 3600.0
-#: The language sent to a server that requires one when the call names none (the
-#: built-in policy's default).
-DEFAULT_LANGUAGE = "python"
-#: Requests sent again after a server refused a field it predates (see `_note_refusal`).
-COMPAT_RETRIES = 2
 #: Longest wait for the tool schema.
 SCHEMA_TIMEOUT_S = 30.0
 
@@ -232,10 +227,6 @@ class _Base:
         )
         self._tool: ToolDefinition | None = None
         self._lock = threading.Lock()
-        self.server_returns_files = True
-        """False once the server refused `return_files` as an unknown field."""
-        self.server_needs_language = False
-        """True once the server refused a request without `language`."""
 
     @property
     def is_remote(self) -> bool:
@@ -264,26 +255,6 @@ class _Base:
                     raise TransportError("the tool schema is not a JSON object")
                 self._tool = ToolDefinition.from_wire(data)
             return self._tool
-
-    def _body(self, request: RunRequest) -> dict[str, Any]:
-        body = request.to_json()
-        if not self.server_returns_files:
-            body.pop("return_files", None)
-        if "language" not in body and self.server_needs_language:
-            body["language"] = DEFAULT_LANGUAGE
-        return body
-
-    def _note_refusal(self, error: InvalidInput, body: dict[str, Any]) -> bool:
-        """Whether `error` is a server that predates a field refusing the request while
-        parsing it (so no job ran), and the request is worth sending again: without
-        `return_files` (files then come back listed only), or with a `language`."""
-        if "return_files" in body and "`return_files`" in error.message:
-            self.server_returns_files = False
-            return True
-        if "language" not in body and "missing field `language`" in error.message:
-            self.server_needs_language = True
-            return True
-        return False
 
     def _deadline(self, request: RunRequest, tool: ToolDefinition | None) -> float:
         wall = request.timeout_s
@@ -351,14 +322,7 @@ class Client(_Base):
         """Runs a prepared `RunRequest`. See `run`."""
         timeout = self._timeout_for(request)
         if self.endpoint is not None:
-            for attempt in range(COMPAT_RETRIES + 1):
-                body = self._body(request)
-                try:
-                    observation = _http.run(self.endpoint, body, timeout)
-                    break
-                except InvalidInput as e:
-                    if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
-                        raise
+            observation = _http.run(self.endpoint, request.to_json(), timeout)
         else:
             observation = _local.run(self.binary, self._options, request, timeout)
         raise_for_observation(observation)
@@ -415,15 +379,7 @@ class Client(_Base):
             endpoint = self.endpoint
 
             def remote() -> Iterator[Chunk | Observation]:
-                for attempt in range(COMPAT_RETRIES + 1):
-                    body = self._body(request)
-                    try:
-                        # A refusal comes before any chunk: only one attempt yields.
-                        yield from _http.stream(endpoint, body, timeout)
-                        return
-                    except InvalidInput as e:
-                        if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
-                            raise
+                yield from _http.stream(endpoint, request.to_json(), timeout)
 
             return RunStream(remote())
         binary, options = self.binary, self._options
@@ -506,14 +462,7 @@ class AsyncClient(_Base):
         """Runs a prepared `RunRequest`. See `Client.run`."""
         timeout = await self._timeout_for(request)
         if self.endpoint is not None:
-            for attempt in range(COMPAT_RETRIES + 1):
-                body = self._body(request)
-                try:
-                    observation = await _http.async_run(self.endpoint, body, timeout)
-                    break
-                except InvalidInput as e:
-                    if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
-                        raise
+            observation = await _http.async_run(self.endpoint, request.to_json(), timeout)
         else:
             observation = await _local.async_run(self.binary, self._options, request, timeout)
         raise_for_observation(observation)
@@ -561,19 +510,12 @@ class AsyncClient(_Base):
         async def items() -> AsyncIterator[Chunk | Observation]:
             timeout = await self._timeout_for(request)
             if self.endpoint is not None:
-                for attempt in range(COMPAT_RETRIES + 1):
-                    body = self._body(request)
-                    # aclosing: closing this stream closes the connection now, not at GC.
-                    try:
-                        async with aclosing(
-                            _http.async_stream(self.endpoint, body, timeout)
-                        ) as items:
-                            async for item in items:
-                                yield item
-                        return
-                    except InvalidInput as e:
-                        if attempt == COMPAT_RETRIES or not self._note_refusal(e, body):
-                            raise
+                # aclosing: closing this stream closes the connection now, not at GC.
+                async with aclosing(
+                    _http.async_stream(self.endpoint, request.to_json(), timeout)
+                ) as items:
+                    async for item in items:
+                        yield item
                 return
             observation = await _local.async_run(self.binary, self._options, request, timeout)
             for item in _local_chunks(observation):

@@ -2,9 +2,7 @@
 127.0.0.1 with a tokens file (remote mode), started the way scripts/ci/server.sh does.
 
 Tests that need something this host lacks skip with the reason; AIRLOCK_REQUIRE_ALL=1
-(python/ci.sh sets it in CI) turns every skip into a failure. A test that needs a part of
-the contract the Rust side has not shipped yet skips with a reason starting
-"PENDING CONTRACT:", so it is never counted as passed."""
+(python/ci.sh sets it in CI) turns every skip into a failure."""
 
 from __future__ import annotations
 
@@ -26,11 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 REQUIRE_ALL = os.environ.get("AIRLOCK_REQUIRE_ALL") == "1"
 #: Longest wait for `airlock serve` to print its address.
 SERVER_START_S = 30.0
-
-
-def pending_contract(what: str) -> None:
-    """Skips a test whose feature the Rust side has not shipped yet (see module doc)."""
-    pytest.skip(f"PENDING CONTRACT: {what}")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -160,9 +153,3 @@ def async_client(mode: str, request: pytest.FixtureRequest) -> airlock.AsyncClie
         return airlock.AsyncClient()
     srv: Server = request.getfixturevalue("server")
     return airlock.AsyncClient(srv.url, srv.token)
-
-
-def require_files_returned(client: airlock.Client | airlock.AsyncClient) -> None:
-    """Marks a test pending while the server drops `return_files` (see Client)."""
-    if not client.server_returns_files:
-        pending_contract("POST /v1/runs `return_files: true` (/out files inline as content_base64)")
