@@ -26,6 +26,17 @@ use std::time::Duration;
 pub use error::CgroupError;
 pub use hierarchy::Hierarchy;
 pub use manager::{CgroupManager, JobCgroup};
+
+/// How a job group competes for the CPU with airlock's other groups
+/// ([`JobCgroup::set_cpu_priority`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuPriority {
+    /// A running job: the kernel's default share.
+    Normal,
+    /// Work ahead of a job (a warm sandbox starting or waiting): the smallest share the
+    /// kernel offers (`cpu.shares` 2 on v1; `cpu.weight` 1 and `cpu.idle` on v2).
+    Background,
+}
 pub use report::{Check, HierarchyReport, ParentCheck, Presence};
 
 /// The CPU bandwidth period written with every quota, in microseconds.

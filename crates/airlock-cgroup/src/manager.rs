@@ -389,6 +389,19 @@ impl JobCgroup {
         }
     }
 
+    /// How the group's processes compete for the CPU with other groups of airlock: normal,
+    /// or in the background (a warm sandbox starting or waiting for its job, which must
+    /// never slow a job that runs). Independent of the CPU quota, which still holds.
+    pub fn set_cpu_priority(&self, priority: crate::CpuPriority) -> Result<(), CgroupError> {
+        match self.version {
+            CgroupVersion::V1 => v1::write_cpu_priority(&self.dirs, priority),
+            CgroupVersion::V2 => match self.dirs.first() {
+                Some(d) => v2::write_cpu_priority(&d.dir, priority),
+                None => Ok(()),
+            },
+        }
+    }
+
     /// Reads peak memory, OOM kills and CPU time.
     pub fn stats(&self) -> Result<JobStats, CgroupError> {
         match self.version {

@@ -91,6 +91,22 @@ pub(crate) fn write_limits(
     Ok(())
 }
 
+/// `cpu.shares` of a group: the kernel's default for a normal one, its minimum for one that
+/// should run only when its siblings leave the CPU idle.
+pub(crate) fn write_cpu_priority(
+    dirs: &[GroupDir],
+    priority: crate::CpuPriority,
+) -> Result<(), CgroupError> {
+    let shares = match priority {
+        crate::CpuPriority::Normal => "1024",
+        crate::CpuPriority::Background => "2",
+    };
+    for d in dirs.iter().filter(|d| d.serves("cpu")) {
+        fs::write(&d.dir.join("cpu.shares"), shares)?;
+    }
+    Ok(())
+}
+
 /// `memory.max_usage_in_bytes`, `oom_kill` of `memory.oom_control`, `cpuacct.usage` (ns).
 pub(crate) fn read_stats(dirs: &[GroupDir]) -> Result<JobStats, CgroupError> {
     let mut stats = JobStats::default();
@@ -192,6 +208,11 @@ mod tests {
         assert_eq!(read(cpu.join("cpu.cfs_period_us")), "100000");
         assert_eq!(read(cpu.join("cpu.cfs_quota_us")), "50000");
         assert_eq!(read(pids.join("pids.max")), "64");
+        job.set_cpu_priority(crate::CpuPriority::Background)?;
+        assert_eq!(read(cpu.join("cpu.shares")), "2");
+        assert!(!mem.join("cpu.shares").exists());
+        job.set_cpu_priority(crate::CpuPriority::Normal)?;
+        assert_eq!(read(cpu.join("cpu.shares")), "1024");
         assert_eq!(
             job.procs_files(),
             vec![

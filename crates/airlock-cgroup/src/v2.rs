@@ -199,6 +199,30 @@ pub(crate) fn write_limits(
     fs::write(&dir.join("pids.max"), &limits.pids_max.to_string())
 }
 
+/// `cpu.weight` (the default 100, or the minimum 1) and, where the kernel has it (5.15+),
+/// `cpu.idle`, which schedules the whole group as `SCHED_IDLE`: it runs only on a CPU that
+/// nothing else of normal priority wants.
+pub(crate) fn write_cpu_priority(
+    dir: &Path,
+    priority: crate::CpuPriority,
+) -> Result<(), CgroupError> {
+    let (weight, idle) = match priority {
+        crate::CpuPriority::Normal => ("100", "0"),
+        crate::CpuPriority::Background => ("1", "1"),
+    };
+    let idle_file = dir.join("cpu.idle");
+    // Leaving idle first, entering it last: a group between the two states is never
+    // both idle and weighted as normal.
+    if priority == crate::CpuPriority::Normal && idle_file.exists() {
+        fs::write(&idle_file, idle)?;
+    }
+    fs::write(&dir.join("cpu.weight"), weight)?;
+    if priority == crate::CpuPriority::Background && idle_file.exists() {
+        fs::write(&idle_file, idle)?;
+    }
+    Ok(())
+}
+
 /// `memory.peak` (Linux 5.19+), `oom_kill` of `memory.events`, `usage_usec` of `cpu.stat`.
 pub(crate) fn read_stats(dir: &Path) -> Result<JobStats, CgroupError> {
     let path = dir.join("memory.peak");
@@ -317,6 +341,16 @@ mod tests {
         assert_eq!(read(&dir.join("memory.swap.max")), "0");
         assert_eq!(read(&dir.join("cpu.max")), "50000 100000");
         assert_eq!(read(&dir.join("pids.max")), "64");
+        // Without cpu.idle (before 5.15) only the weight says it; with it, both.
+        job.set_cpu_priority(crate::CpuPriority::Background)?;
+        assert_eq!(read(&dir.join("cpu.weight")), "1");
+        assert!(!dir.join("cpu.idle").exists());
+        put(&dir.join("cpu.idle"), "0")?;
+        job.set_cpu_priority(crate::CpuPriority::Background)?;
+        assert_eq!(read(&dir.join("cpu.idle")), "1");
+        job.set_cpu_priority(crate::CpuPriority::Normal)?;
+        assert_eq!(read(&dir.join("cpu.weight")), "100");
+        assert_eq!(read(&dir.join("cpu.idle")), "0");
         assert_eq!(job.procs_files(), vec![dir.join("cgroup.procs")]);
         assert_eq!(job.dirs()[0].hierarchy_path, "/airlock/job_7");
         assert_eq!(m.job_groups()?, vec!["job_7".to_owned()]);

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use airlock_cgroup::JobCgroup;
+use airlock_cgroup::{CpuPriority, JobCgroup};
 use airlock_core::policy::NetworkMode;
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobId, JobSpec, OutputTap,
@@ -237,6 +237,18 @@ impl PooledNative {
             tracing::debug!(job_id = %job.id, "no warm sandbox ready; starting one for the job");
             return shared.backend.run_job_with(job, tap).await;
         };
+        // The sandbox waited in the background; the job runs at normal priority, or in a
+        // fresh sandbox if that cannot be had.
+        if let Some(cgroup) = &warm.cgroup
+            && let Err(e) = cgroup.set_cpu_priority(CpuPriority::Normal)
+        {
+            tracing::warn!(sandbox = %warm.name, error = %e,
+                "cannot give a warm sandbox normal CPU priority; the job starts in a fresh one");
+            shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            discard(warm).await;
+            shared.wake.notify_one();
+            return shared.backend.run_job_with(job, tap).await;
+        }
         shared.counters.hits.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(job_id = %job.id, sandbox = %warm.name, "job delivered to a warm sandbox");
         let report = self.deliver(job, tap, warm).await;
@@ -414,6 +426,14 @@ async fn launch_warm(shared: &Shared) -> Result<Warm, NativeError> {
     let ids = backend.id_mapping();
     let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &ids)?;
     let cgroup = backend.create_cgroup(&name, template)?;
+    // Built and kept at the lowest CPU priority, so that a job running meanwhile is never
+    // slowed by the sandbox being made for the next one. Only speed depends on it.
+    if let Some(cgroup) = &cgroup
+        && let Err(e) = cgroup.set_cpu_priority(CpuPriority::Background)
+    {
+        tracing::warn!(sandbox = %name, error = %e,
+            "cannot lower a warm sandbox's CPU priority; it starts at normal priority");
+    }
     let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref()) {
         Ok(plan) => plan,
         Err(e) => {

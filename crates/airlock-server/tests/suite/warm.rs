@@ -389,3 +389,70 @@ async fn a_warm_sandbox_idle_past_its_lifetime_is_replaced() {
     assert_eq!(answer.body["stdout"], "fresh\n", "{:#}", answer.body);
     assert_eq!(hits(&warm).await, 1, "{}", warm.log());
 }
+
+/// The CPU share file of a cgroup directory (`cpu.shares` on v1, `cpu.weight` on v2), or
+/// `None` for a v1 directory of another controller.
+fn cpu_share(dir: &std::path::Path) -> Option<(String, String)> {
+    ["cpu.shares", "cpu.weight"].into_iter().find_map(|name| {
+        let value = std::fs::read_to_string(dir.join(name)).ok()?;
+        Some((name.to_owned(), value.trim().to_owned()))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_sandboxes_wait_at_the_lowest_cpu_priority_and_jobs_run_at_normal() {
+    require_server!();
+    let warm = server(1);
+    wait_ready(&warm, 1).await;
+    let sandboxes = warm_sandboxes(warm.pid());
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+    let (dir, (file, waiting)) = sandboxes[0]
+        .1
+        .iter()
+        .find_map(|d| Some((d.clone(), cpu_share(d)?)))
+        .expect("a warm sandbox's cpu cgroup");
+    let background = if file == "cpu.shares" { "2" } else { "1" };
+    let normal = if file == "cpu.shares" { "1024" } else { "100" };
+    assert_eq!(waiting, background, "{} of {}", file, dir.display());
+    if file == "cpu.weight"
+        && let Ok(idle) = std::fs::read_to_string(dir.join("cpu.idle"))
+    {
+        assert_eq!(idle.trim(), "1", "cpu.idle of {}", dir.display());
+    }
+
+    // While the job runs in that sandbox, its group competes as any job's does.
+    let job = tokio::spawn({
+        let url = warm.url("/v1/runs");
+        async move {
+            client()
+                .post(url)
+                .json(&python(
+                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    });
+    let start = Instant::now();
+    let mut seen = None;
+    while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
+        seen = cpu_share(&dir).map(|(_, v)| v);
+        if seen.as_deref() == Some(normal) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        seen.as_deref(),
+        Some(normal),
+        "{file} of {} during the job",
+        dir.display()
+    );
+    let body = job.await.unwrap();
+    assert_eq!(body["stdout"], "running\n", "{body:#}");
+    assert_eq!(hits(&warm).await, 1, "{}", warm.log());
+}
