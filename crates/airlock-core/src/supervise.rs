@@ -574,10 +574,7 @@ mod tests {
         }
     }
 
-    async fn run(
-        job: FakeJob,
-        output: JobOutput,
-    ) -> (Supervised<&'static str>, FakeSandbox) {
+    async fn run(job: FakeJob, output: JobOutput) -> (Supervised<&'static str>, FakeSandbox) {
         let sandbox = job.sandbox.clone();
         let supervised = supervise(clock(Instant::now()), job.sandbox, job.source, output)
             .await
@@ -592,8 +589,20 @@ mod tests {
         let (s, sandbox) = run(job, JobOutput::with_caps(100, 100, 1000, None)).await;
         assert_eq!(s.exit, Some("exited"));
         assert_eq!(s.limit_hit, None);
-        assert_eq!(s.stdout, CapturedOutput { cap: 100, ..CapturedOutput::whole(b"out") });
-        assert_eq!(s.stderr, CapturedOutput { cap: 100, ..CapturedOutput::whole(b"err") });
+        assert_eq!(
+            s.stdout,
+            CapturedOutput {
+                cap: 100,
+                ..CapturedOutput::whole(b"out")
+            }
+        );
+        assert_eq!(
+            s.stderr,
+            CapturedOutput {
+                cap: 100,
+                ..CapturedOutput::whole(b"err")
+            }
+        );
         assert_eq!(sandbox.kills.load(Ordering::SeqCst), 0);
         assert!(s.duration < SLACK, "{:?}", s.duration);
     }
@@ -605,9 +614,17 @@ mod tests {
         let (s, sandbox) = run(job, JobOutput::with_caps(100, 100, 1000, None)).await;
         assert_eq!(s.limit_hit, Some(LimitHit::Timeout));
         assert_eq!(s.exit, Some("killed"));
-        assert!(s.duration >= TIMEOUT && s.duration < TIMEOUT + SLACK, "{:?}", s.duration);
+        assert!(
+            s.duration >= TIMEOUT && s.duration < TIMEOUT + SLACK,
+            "{:?}",
+            s.duration
+        );
         assert_eq!(sandbox.kills.load(Ordering::SeqCst), 1);
-        assert!(started.elapsed() < TIMEOUT + SLACK, "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < TIMEOUT + SLACK,
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -619,9 +636,16 @@ mod tests {
         assert_eq!(s.limit_hit, Some(LimitHit::Timeout));
         assert_eq!(s.exit, None);
         // The wall time ends at the kill, not when airlock gave up waiting.
-        assert!(s.duration >= TIMEOUT && s.duration < TIMEOUT + SLACK, "{:?}", s.duration);
+        assert!(
+            s.duration >= TIMEOUT && s.duration < TIMEOUT + SLACK,
+            "{:?}",
+            s.duration
+        );
         let elapsed = started.elapsed();
-        assert!(elapsed >= TIMEOUT + GRACE && elapsed < TIMEOUT + GRACE + SLACK, "{elapsed:?}");
+        assert!(
+            elapsed >= TIMEOUT + GRACE && elapsed < TIMEOUT + GRACE + SLACK,
+            "{elapsed:?}"
+        );
     }
 
     #[tokio::test]
@@ -639,7 +663,11 @@ mod tests {
         assert_eq!(sandbox.kills.load(Ordering::SeqCst), 1);
         // 25 chunks reach 102400 > 100000; the kill lands before the next write.
         assert!(s.stdout.total_bytes > 100_000, "{}", s.stdout.total_bytes);
-        assert!(s.stdout.total_bytes <= 100_000 + 2 * 4096, "{}", s.stdout.total_bytes);
+        assert!(
+            s.stdout.total_bytes <= 100_000 + 2 * 4096,
+            "{}",
+            s.stdout.total_bytes
+        );
         assert!(s.stdout.truncated);
         assert!(s.duration < TIMEOUT, "{:?}", s.duration);
     }
@@ -803,7 +831,11 @@ mod tests {
         assert!(s.stdout.total_bytes > 100_000);
         let tapped = tapped.lock().map(|t| t.clone()).unwrap_or_default();
         let streamed: Vec<u8> = tapped.iter().flat_map(|(_, b)| b.clone()).collect();
-        assert!(tapped.iter().all(|(stream, _)| *stream == StreamKind::Stdout));
+        assert!(
+            tapped
+                .iter()
+                .all(|(stream, _)| *stream == StreamKind::Stdout)
+        );
         assert_eq!(streamed, s.stdout.kept);
     }
 
@@ -828,7 +860,10 @@ mod tests {
         // The caller gives up before any limit.
         let given_up = tokio::time::timeout(TIMEOUT / 3, supervision).await;
         assert!(given_up.is_err());
-        assert!(dropped.load(Ordering::SeqCst), "the sandbox's guard was not dropped");
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the sandbox's guard was not dropped"
+        );
         assert_eq!(kills.load(Ordering::SeqCst), 0, "cancelling is not a limit");
         // The reader is gone: the job's next write fails and it ends.
         let _ = ended.wait_for(|e| *e).await;
