@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::backend::{OutputTap, StreamKind};
 use crate::capture::{BoundedCapture, CapturedOutput};
+use crate::job::JobSpec;
 use crate::observation::LimitHit;
 use crate::policy::Limits;
 use crate::units::ByteSize;
@@ -217,6 +218,18 @@ pub struct Supervision<'a> {
     pub timeout: Duration,
     /// How long the output may take to end once the sandbox stopped.
     pub drain_timeout: Duration,
+}
+
+impl<'a> Supervision<'a> {
+    /// The clock of `job`, whose wall time started at `started_at`.
+    pub fn of(job: &'a JobSpec, started_at: std::time::Instant, drain_timeout: Duration) -> Self {
+        Self {
+            job_id: job.id.as_str(),
+            started_at: Instant::from_std(started_at),
+            timeout: job.limits.timeout,
+            drain_timeout,
+        }
+    }
 }
 
 /// What [`supervise`] saw of a job.

@@ -595,12 +595,7 @@ impl DockerBackend {
             }),
         ));
         let supervised = supervise(
-            Supervision {
-                job_id: job.id.as_str(),
-                started_at: tokio::time::Instant::from_std(started_at),
-                timeout: job.limits.timeout,
-                drain_timeout: DRAIN_TIMEOUT,
-            },
+            Supervision::of(job, started_at, DRAIN_TIMEOUT),
             ContainerSandbox { docker, name, wait },
             AttachSource {
                 output,

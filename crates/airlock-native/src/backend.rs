@@ -751,12 +751,7 @@ impl NativeBackend {
         };
 
         let supervised = supervise(
-            Supervision {
-                job_id: job.id.as_str(),
-                started_at: tokio::time::Instant::from_std(clock_from),
-                timeout: job.limits.timeout,
-                drain_timeout: DRAIN_TIMEOUT,
-            },
+            Supervision::of(job, clock_from, DRAIN_TIMEOUT),
             HelperSandbox { child },
             PipeSource::new(stdout, stderr),
             JobOutput::new(&job.limits, tap),
