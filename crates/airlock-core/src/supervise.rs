@@ -273,6 +273,9 @@ where
         kill_deadline: None,
         drain_deadline: None,
     };
+    // One timer for the whole run, not one per chunk read.
+    let wall_clock = tokio::time::sleep_until(deadline);
+    tokio::pin!(wall_clock);
     while !(state.stopped && state.output_done) {
         tokio::select! {
             // Timers first: however fast output arrives, a limit is noticed on time.
@@ -286,7 +289,7 @@ where
                 state.stopped = true;
                 state.output_done = true;
             }
-            () = tokio::time::sleep_until(deadline), if state.limit_hit.is_none() && !state.stopped => {
+            () = &mut wall_clock, if state.limit_hit.is_none() && !state.stopped => {
                 state.limit(LimitHit::Timeout, &mut sandbox);
             }
             () = run_kill(&mut state.kill), if state.kill.is_some() => {
