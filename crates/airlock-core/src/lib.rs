@@ -1,7 +1,10 @@
 //! airlock-core owns airlock's model: the job request and its checked form, the policy
-//! file, the observation, bounded output capture, the audit record and the [`Backend`]
-//! trait. It does no I/O and has no unsafe code; everything that touches the OS lives in
-//! the backend crates, and everything that writes files lives in the engine.
+//! file, the observation, bounded output capture, the audit record, the [`Backend`] trait,
+//! and the supervision core every backend runs a job through ([`supervise`]: output caps,
+//! the flood limit, the tap, the wall-time deadline and the kill decision). It opens
+//! nothing and has no unsafe code: the supervision core reads only the streams a backend
+//! hands it; everything that touches the OS lives in the backend crates, and everything
+//! that writes files lives in the engine.
 #![forbid(unsafe_code)]
 
 pub mod audit;
@@ -14,6 +17,7 @@ pub mod media;
 pub mod observation;
 pub mod policy;
 pub mod schema;
+pub mod supervise;
 pub mod units;
 
 pub use backend::{

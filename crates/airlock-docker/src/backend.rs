@@ -1,17 +1,20 @@
 //! The backend: checks the image, prepares the job directory (and `/out`), creates,
-//! attaches to and starts the container, reads its output as a bounded stream, enforces
-//! wall time and the output flood, reads how it ended, and removes it.
+//! attaches to and starts the container, runs it through the supervision core
+//! (`airlock_core::supervise`: bounded output, wall time, the output flood) with the attach
+//! stream as its output and a kill request as its kill, reads how it ended, and removes it.
 
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock_core::capture::BoundedCapture;
 use airlock_core::policy::{NetworkMode, Policy, RootfsSpec};
+use airlock_core::supervise::{
+    Chunk, JobOutput, Kill, OutputSource, Sandbox, Supervision, supervise,
+};
 use airlock_core::{
-    Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
-    RunReport, StreamKind, Termination,
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, OutputTap, RunReport,
+    StreamKind, Termination,
 };
 use airlock_host::ids::IdMapping;
 use airlock_host::jobdir::{JobDir, RuntimeDir};
@@ -556,7 +559,7 @@ impl DockerBackend {
         let setup = started_at.saturating_duration_since(setup_started);
         tracing::debug!(job_id = %job.id, setup_ms = setup.as_millis() as u64, "container started");
 
-        let mut output = attached.output;
+        let output = attached.output;
         let mut input = attached.input;
         // Proxy mode: bind the proxy's socket in the container's own network namespace,
         // serve it, then release the program (it waits for one line on stdin).
@@ -585,92 +588,23 @@ impl DockerBackend {
             })))
         };
 
-        let mut wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
+        let wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
             name,
             Some(WaitContainerOptions {
                 condition: "not-running".to_owned(),
             }),
         ));
-        let keep_out = usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX);
-        let keep_err = usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX);
-        let mut stdout = BoundedCapture::new(keep_out);
-        let mut stderr = BoundedCapture::new(keep_err);
-        let flood = job.limits.flood.as_u64();
-        let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
-        let mut limit_hit: Option<LimitHit> = None;
-        let mut exited: Option<Instant> = None;
-        // When airlock decided to kill: the program's wall time ends there, however long the
-        // runtime then takes to stop the container.
-        let mut killed_at: Option<Instant> = None;
-        let mut output_done = false;
-        let mut kill_deadline: Option<tokio::time::Instant> = None;
-        // The kill request, polled as a branch of its own: the daemon may not answer it
-        // until it has delivered the output the job wrote meanwhile, so the output must be
-        // read (and discarded past the caps) while it is pending, never awaited inline.
-        let mut kill_request: Option<KillRequest<'_>> = None;
-        let mut drain_deadline: Option<tokio::time::Instant> = None;
-        let far = deadline + Duration::from_secs(365 * 24 * 3600);
-
-        while !(output_done && exited.is_some()) {
-            tokio::select! {
-                item = next(&mut output), if !output_done => match item {
-                    Some(Ok(chunk)) => {
-                        let (kind, capture, bytes) = match chunk {
-                            LogOutput::StdOut { message } => (StreamKind::Stdout, &mut stdout, message),
-                            LogOutput::StdErr { message } => (StreamKind::Stderr, &mut stderr, message),
-                            LogOutput::Console { message } => (StreamKind::Stdout, &mut stdout, message),
-                            LogOutput::StdIn { .. } => continue,
-                        };
-                        if let Some(tap) = &tap {
-                            // The cap plus redaction's lookahead; the engine cuts back to the cap.
-                            let room = capture.keep().saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
-                            if room > 0 {
-                                tap(kind, &bytes[..bytes.len().min(room)]);
-                            }
-                        }
-                        // Past the caps only counted, so draining a killed job's backlog
-                        // costs no memory.
-                        capture.push(&bytes);
-                        if limit_hit.is_none() && stdout.total().saturating_add(stderr.total()) > flood {
-                            limit_hit = Some(LimitHit::OutputFlood);
-                            killed_at = Some(Instant::now());
-                            kill_deadline = Some(tokio::time::Instant::now() + KILL_GRACE);
-                            kill_request = Some(Box::pin(kill(docker, name)));
-                        }
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(job_id = %job.id, error = %e, "output stream failed");
-                        output_done = true;
-                    }
-                    None => output_done = true,
-                },
-                _ = next(&mut wait), if exited.is_none() => {
-                    // Ok, or an error carrying a non-zero exit code: either way it stopped;
-                    // how is read from the container's state below.
-                    exited = Some(Instant::now());
-                    drain_deadline = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
-                }
-                _ = tokio::time::sleep_until(deadline), if limit_hit.is_none() && exited.is_none() => {
-                    limit_hit = Some(LimitHit::Timeout);
-                    killed_at = Some(Instant::now());
-                    kill_deadline = Some(tokio::time::Instant::now() + KILL_GRACE);
-                    kill_request = Some(Box::pin(kill(docker, name)));
-                }
-                () = finish(&mut kill_request), if kill_request.is_some() => {
-                    kill_request = None;
-                }
-                _ = tokio::time::sleep_until(kill_deadline.unwrap_or(far)), if kill_deadline.is_some() && exited.is_none() => {
-                    tracing::warn!(job_id = %job.id, "container still running after SIGKILL; removing it");
-                    exited = Some(Instant::now());
-                    drain_deadline = Some(tokio::time::Instant::now());
-                }
-                _ = tokio::time::sleep_until(drain_deadline.unwrap_or(far)), if drain_deadline.is_some() && !output_done => {
-                    tracing::warn!(job_id = %job.id, "output stream still open after the container stopped");
-                    output_done = true;
-                }
-            }
-        }
-        let ended_at = killed_at.or(exited).unwrap_or_else(Instant::now);
+        let supervised = supervise(
+            Supervision::of(job, started_at, DRAIN_TIMEOUT),
+            ContainerSandbox { docker, name, wait },
+            AttachSource {
+                output,
+                job_id: job.id.as_str(),
+            },
+            JobOutput::new(&job.limits, tap),
+        )
+        .await?;
+        let limit_hit = supervised.limit_hit;
         let state = docker
             .inspect_container(name, None)
             .await
@@ -700,9 +634,9 @@ impl DockerBackend {
             termination,
             limit_hit,
             oom_kills,
-            stdout: stdout.finish(),
-            stderr: stderr.finish(),
-            duration: ended_at.saturating_duration_since(started_at),
+            stdout: supervised.stdout,
+            stderr: supervised.stderr,
+            duration: supervised.duration,
             setup,
             cpu_time: None,
             peak_memory_bytes: None,
@@ -748,8 +682,42 @@ fn pid_max() -> i64 {
         .unwrap_or(32768)
 }
 
-/// A pending kill request.
-type KillRequest<'a> = Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+/// A container as the supervision core sees it: it ends when the daemon's wait stream
+/// says it stopped, and is killed with a kill request.
+struct ContainerSandbox<'a> {
+    docker: &'a Docker,
+    name: &'a str,
+    wait: Pin<
+        Box<
+            dyn Stream<
+                    Item = Result<bollard::models::ContainerWaitResponse, bollard::errors::Error>,
+                > + Send,
+        >,
+    >,
+}
+
+impl Sandbox for ContainerSandbox<'_> {
+    type Exit = ();
+    type Error = DockerError;
+
+    async fn wait(&mut self) -> Result<(), DockerError> {
+        // Ok, an error carrying a non-zero exit code, or the stream's end: either way it
+        // stopped; how is read from the container's state afterwards.
+        let _ = next(&mut self.wait).await;
+        Ok(())
+    }
+
+    fn kill(&mut self) -> Kill {
+        let docker = self.docker.clone();
+        let name = self.name.to_owned();
+        // The daemon may not answer the request until it has delivered the output the
+        // job wrote meanwhile: the core keeps reading while it is pending.
+        Kill::Started {
+            request: Box::pin(async move { kill(&docker, &name).await }),
+            grace: KILL_GRACE,
+        }
+    }
+}
 
 /// Kills the container with SIGKILL. Whether it stopped is the wait stream's to say.
 async fn kill(docker: &Docker, name: &str) {
@@ -762,10 +730,30 @@ async fn kill(docker: &Docker, name: &str) {
     }
 }
 
-/// Runs the request in `slot` to its end (`slot` is `Some`: the branch is guarded).
-async fn finish(slot: &mut Option<KillRequest<'_>>) {
-    if let Some(request) = slot {
-        request.await;
+/// The attach stream as the supervision core reads it.
+struct AttachSource<'a> {
+    output: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+    job_id: &'a str,
+}
+
+impl OutputSource<DockerError> for AttachSource<'_> {
+    async fn next_chunk(&mut self) -> Result<Option<Chunk>, DockerError> {
+        loop {
+            return Ok(match next(&mut self.output).await {
+                Some(Ok(LogOutput::StdOut { message } | LogOutput::Console { message })) => {
+                    Some((StreamKind::Stdout, message.to_vec()))
+                }
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    Some((StreamKind::Stderr, message.to_vec()))
+                }
+                Some(Ok(LogOutput::StdIn { .. })) => continue,
+                Some(Err(e)) => {
+                    tracing::warn!(job_id = self.job_id, error = %e, "output stream failed");
+                    None
+                }
+                None => None,
+            });
+        }
     }
 }
 

@@ -212,8 +212,8 @@ impl Engine {
                         sink,
                         self.redactor.clone(),
                         [
-                            usize::try_from(spec.limits.stdout.as_u64()).unwrap_or(usize::MAX),
-                            usize::try_from(spec.limits.stderr.as_u64()).unwrap_or(usize::MAX),
+                            airlock_core::supervise::cap_bytes(spec.limits.stdout),
+                            airlock_core::supervise::cap_bytes(spec.limits.stderr),
                         ],
                     )
                 });

@@ -5,8 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock_core::capture::BoundedCapture;
 use airlock_core::policy::{KubeDegraded, KubeLogStreams, KubePolicy, NetworkMode, Policy};
+use airlock_core::supervise::{
+    Chunk, JobOutput, Kill, OutputSource, Sandbox, Supervision, supervise,
+};
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
     RunReport, StreamKind, Termination,
@@ -411,7 +413,6 @@ impl KubeBackend {
         let started_at = Instant::now();
         let setup = started_at.saturating_duration_since(setup_started);
         tracing::debug!(job_id = %job.id, setup_ms = setup.as_millis() as u64, "job pod started");
-        let mut ended_at = ended.as_ref().map(|_| started_at);
 
         // Phase 2: follow the log while watching for the end.
         let flood = job.limits.flood.as_u64();
@@ -439,103 +440,26 @@ impl KubeBackend {
             let filter = MarkerFilter::new(*kind, split.then(|| job.id.to_string()));
             streams.push((*kind, log_chunks(reader), filter));
         }
-        let keep_out = usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX);
-        let keep_err = usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX);
-        let mut stdout = BoundedCapture::new(keep_out);
-        let mut stderr = BoundedCapture::new(keep_err);
-        let deadline = tokio::time::Instant::from_std(started_at + job.limits.timeout);
-        let mut limit_hit: Option<LimitHit> = None;
-        let mut done = vec![false; streams.len()];
-        let far = deadline + Duration::from_secs(365 * 24 * 3600);
-        let mut drain_deadline: Option<tokio::time::Instant> = ended
-            .as_ref()
-            .map(|_| tokio::time::Instant::now() + DRAIN_TIMEOUT);
-
-        while limit_hit.is_none() && !(done.iter().all(|d| *d) && ended.is_some()) {
-            let next_chunk = async {
-                let mut futures = Vec::new();
-                for (i, (_, chunks, _)) in streams.iter_mut().enumerate() {
-                    if !done[i] {
-                        futures.push(Box::pin(async move { (i, chunks.next().await) }));
-                    }
-                }
-                if futures.is_empty() {
-                    std::future::pending::<(usize, Option<std::io::Result<Vec<u8>>>)>().await
-                } else {
-                    futures_util::future::select_all(futures).await.0
-                }
-            };
-            tokio::select! {
-                (i, item) = next_chunk => match item {
-                    Some(Ok(bytes)) => {
-                        let (kind, _, filter) = &mut streams[i];
-                        let kind = *kind;
-                        let bytes = filter.push(&bytes)?;
-                        if bytes.is_empty() {
-                            continue;
-                        }
-                        let capture = match kind {
-                            StreamKind::Stdout => &mut stdout,
-                            StreamKind::Stderr => &mut stderr,
-                        };
-                        if let Some(tap) = &tap {
-                            let room = capture.keep().saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
-                            if room > 0 {
-                                tap(kind, &bytes[..bytes.len().min(room)]);
-                            }
-                        }
-                        capture.push(&bytes);
-                        if stdout.total().saturating_add(stderr.total()) > flood {
-                            limit_hit = Some(LimitHit::OutputFlood);
-                            ended_at.get_or_insert_with(Instant::now);
-                        }
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(job_id = %job.id, error = %e, "log stream failed");
-                        done[i] = true;
-                    }
-                    None => {
-                        let (kind, _, filter) = &mut streams[i];
-                        let rest = filter.finish()?;
-                        if !rest.is_empty() {
-                            match kind {
-                                StreamKind::Stdout => stdout.push(&rest),
-                                StreamKind::Stderr => stderr.push(&rest),
-                            }
-                        }
-                        done[i] = true;
-                    }
-                },
-                event = watch.next(), if ended.is_none() => match event? {
-                    Some(pod) => match status::pod_state(&pod) {
-                        PodState::Ended(e) => {
-                            ended = Some(e);
-                            ended_at = Some(Instant::now());
-                            drain_deadline = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
-                        }
-                        PodState::Failed { reason, message } => {
-                            return Err(KubeError::StartFailed { pod: object.to_owned(), reason, message });
-                        }
-                        PodState::Waiting(_) | PodState::Running => {}
-                    },
-                    None => return Err(KubeError::Vanished { pod: object.to_owned() }),
-                },
-                _ = tokio::time::sleep_until(deadline), if ended.is_none() => {
-                    limit_hit = Some(LimitHit::Timeout);
-                    ended_at = Some(Instant::now());
-                }
-                _ = tokio::time::sleep_until(drain_deadline.unwrap_or(far)), if drain_deadline.is_some() => {
-                    tracing::warn!(job_id = %job.id, "log stream did not end after the container did");
-                    break;
-                }
-            }
-        }
-
-        let ended_at = ended_at.unwrap_or_else(Instant::now);
-        let (termination, oom, deadline_hit) = match (&ended, limit_hit) {
+        let supervised = supervise(
+            Supervision::of(job, started_at, DRAIN_TIMEOUT),
+            PodSandbox {
+                watch,
+                ended,
+                object,
+            },
+            LogSource {
+                done: vec![false; streams.len()],
+                streams,
+                job_id: job.id.as_str(),
+            },
+            JobOutput::new(&job.limits, tap),
+        )
+        .await?;
+        let limit_hit = supervised.limit_hit;
+        let (termination, oom, deadline_hit) = match &supervised.exit {
             // airlock ends the job by deleting its Pod: the kubelet kills it.
-            (None, Some(_)) | (None, None) => (Termination::Signaled(9), false, false),
-            (Some(e), _) => {
+            None => (Termination::Signaled(9), false, false),
+            Some(e) => {
                 if e.evicted {
                     tracing::warn!(job_id = %job.id, "the kubelet evicted the job pod (ephemeral storage or node pressure)");
                 }
@@ -547,9 +471,9 @@ impl KubeBackend {
             termination,
             limit_hit,
             oom_kills: u64::from(oom),
-            stdout: stdout.finish(),
-            stderr: stderr.finish(),
-            duration: ended_at.saturating_duration_since(started_at),
+            stdout: supervised.stdout,
+            stderr: supervised.stderr,
+            duration: supervised.duration,
             setup,
             cpu_time: None,
             peak_memory_bytes: None,
@@ -559,6 +483,95 @@ impl KubeBackend {
             out_rejected: Vec::new(),
             network: None,
         })
+    }
+}
+
+/// A Pod as the supervision core sees it: it ends when its watch shows the job container
+/// ended, and is killed by deleting it, which the caller does once supervision returns.
+struct PodSandbox<'a> {
+    watch: PodWatch<'a>,
+    /// How it ended, when that was seen before supervision started.
+    ended: Option<status::Ended>,
+    object: &'a str,
+}
+
+impl Sandbox for PodSandbox<'_> {
+    type Exit = status::Ended;
+    type Error = KubeError;
+
+    async fn wait(&mut self) -> Result<status::Ended, KubeError> {
+        if let Some(ended) = self.ended.take() {
+            return Ok(ended);
+        }
+        loop {
+            match self.watch.next().await? {
+                Some(pod) => match status::pod_state(&pod) {
+                    PodState::Ended(e) => return Ok(e),
+                    PodState::Failed { reason, message } => {
+                        return Err(KubeError::StartFailed {
+                            pod: self.object.to_owned(),
+                            reason,
+                            message,
+                        });
+                    }
+                    PodState::Waiting(_) | PodState::Running => {}
+                },
+                None => {
+                    return Err(KubeError::Vanished {
+                        pod: self.object.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self) -> Kill {
+        // Deleting the Pod (the caller's write 2) kills it and ends its log streams.
+        Kill::OnReturn
+    }
+}
+
+/// The job container's log streams (one, or stdout and stderr apart) as the supervision
+/// core reads them, the split-mode marker lines taken off.
+struct LogSource<'a> {
+    streams: Vec<(StreamKind, LogChunks, MarkerFilter)>,
+    /// Which streams have ended.
+    done: Vec<bool>,
+    job_id: &'a str,
+}
+
+impl OutputSource<KubeError> for LogSource<'_> {
+    async fn next_chunk(&mut self) -> Result<Option<Chunk>, KubeError> {
+        loop {
+            let open: Vec<_> = self
+                .streams
+                .iter_mut()
+                .zip(&self.done)
+                .enumerate()
+                .filter(|(_, (_, done))| !**done)
+                .map(|(i, ((_, chunks, _), _))| Box::pin(async move { (i, chunks.next().await) }))
+                .collect();
+            if open.is_empty() {
+                return Ok(None);
+            }
+            let ((i, item), _, _) = futures_util::future::select_all(open).await;
+            let (kind, _, filter) = &mut self.streams[i];
+            let bytes = match item {
+                Some(Ok(bytes)) => filter.push(&bytes)?,
+                Some(Err(e)) => {
+                    tracing::warn!(job_id = self.job_id, error = %e, "log stream failed");
+                    self.done[i] = true;
+                    continue;
+                }
+                None => {
+                    self.done[i] = true;
+                    filter.finish()?
+                }
+            };
+            if !bytes.is_empty() {
+                return Ok(Some((*kind, bytes)));
+            }
+        }
     }
 }
 

@@ -1,26 +1,27 @@
 //! The supervisor: prepares a job's directory, cgroup and plan, starts the sandbox helper,
-//! captures bounded output, enforces wall time and the output flood limit, and tears
-//! everything down.
+//! runs the job through the supervision core (`airlock_core::supervise`: bounded output,
+//! wall time, the output flood limit) with the helper's pipes as its output and killing the
+//! helper as its kill, and tears everything down.
 
 use airlock_host::jobdir::{JobDir, RuntimeDir};
 use airlock_host::out::{self, OUT_SPARE_INODES, OutCaps};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use airlock_cgroup::{
     CgroupManager, CgroupVersion, Hierarchy, JobCgroup, JobLimits, JobStats, ParentSpec,
 };
-use airlock_core::capture::{BoundedCapture, CapturedOutput};
+use airlock_core::capture::CapturedOutput;
 use airlock_core::policy::{CgroupParent, DegradedControl, NetworkMode, Policy, RootfsSpec};
+use airlock_core::supervise::{JobOutput, Kill, PipeSource, Sandbox, Supervision, supervise};
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
-    RunReport, StreamKind, Termination,
+    RunReport, Termination,
 };
 use airlock_sys::seccomp::CompiledSeccomp;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::{Notify, mpsc};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
 
 use crate::error::NativeError;
 use crate::helper::{Helper, HelperCommand, HelperInput, HelperOutput, Placement, Started};
@@ -39,8 +40,6 @@ pub const KILL_GRACE: Duration = Duration::from_secs(5);
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait for the job's cgroup to empty during teardown.
 pub const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
-/// Read size for the output pipes; also the supervisor's buffer per stream.
-pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Most status events read from one sandbox (it sends three at most).
 pub const STATUS_EVENTS_MAX: usize = 16;
 /// Longest status line read.
@@ -710,20 +709,6 @@ impl NativeBackend {
                 let _ = stdin.write_all(&bytes).await;
             });
         }
-        let flood = Arc::new(Flood::new(job.limits.flood.as_u64()));
-        let stdout_task = tokio::spawn(capture_stream(
-            stdout,
-            usize::try_from(job.limits.stdout.as_u64()).unwrap_or(usize::MAX),
-            flood.clone(),
-            tap.clone().map(|t| (t, StreamKind::Stdout)),
-        ));
-        let stderr_task = tokio::spawn(capture_stream(
-            stderr,
-            usize::try_from(job.limits.stderr.as_u64()).unwrap_or(usize::MAX),
-            flood.clone(),
-            tap.map(|t| (t, StreamKind::Stderr)),
-        ));
-
         // The proxy accepts on the socket bound inside the job's network namespace and
         // dials out from ours: the job has no route anywhere, only this listener.
         let proxy = match (proxy_listener, proxy_config) {
@@ -765,30 +750,13 @@ impl NativeBackend {
             }
         };
 
-        let deadline = tokio::time::Instant::from_std(clock_from + job.limits.timeout);
-        let mut limit_hit = None;
-        let ended_at = tokio::select! {
-            _ = child.wait() => Instant::now(),
-            _ = tokio::time::sleep_until(deadline) => {
-                limit_hit = Some(LimitHit::Timeout);
-                Instant::now()
-            }
-            _ = flood.tripped.notified() => {
-                limit_hit = Some(LimitHit::OutputFlood);
-                Instant::now()
-            }
-        };
-        if limit_hit.is_some() {
-            // Killing the helper kills the init (parent-death signal), and the init's death
-            // kills every process in the pid namespace. Teardown sweeps the cgroup too.
-            child.start_kill();
-        }
-        if tokio::time::timeout(KILL_GRACE, child.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(job_id = %job.id, "sandbox helper did not exit after SIGKILL");
-        }
+        let supervised = supervise(
+            Supervision::of(job, clock_from, DRAIN_TIMEOUT),
+            HelperSandbox { child },
+            PipeSource::new(stdout, stderr),
+            JobOutput::new(&job.limits, tap),
+        )
+        .await?;
 
         // The status pipe closes once the helper and the init are gone.
         if tokio::time::timeout(DRAIN_TIMEOUT, status_task)
@@ -812,8 +780,6 @@ impl NativeBackend {
                 InitEvent::Started | InitEvent::Failed { .. } => {}
             }
         }
-        let stdout = drain(stdout_task).await;
-        let stderr = drain(stderr_task).await;
         let network = match proxy {
             Some(proxy) => Some(proxy.shutdown().await.into_report()),
             None => None,
@@ -823,10 +789,10 @@ impl NativeBackend {
             out_dir,
             termination,
             usage,
-            limit_hit,
-            stdout,
-            stderr,
-            duration: ended_at.saturating_duration_since(clock_from),
+            limit_hit: supervised.limit_hit,
+            stdout: supervised.stdout,
+            stderr: supervised.stderr,
+            duration: supervised.duration,
             setup,
         })
     }
@@ -1045,73 +1011,26 @@ fn cloexec_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), Native
         .map_err(|e| NativeError::Helper(format!("create pipe: {e}")))
 }
 
-/// Total output across both streams, and a signal when it passes the flood limit.
-struct Flood {
-    total: AtomicU64,
-    limit: u64,
-    tripped: Notify,
+/// The helper as the supervision core sees it: it ends when the helper exits (the init and
+/// with it every process of the job are gone by then, or going), and is killed by killing it.
+struct HelperSandbox {
+    child: Helper,
 }
 
-impl Flood {
-    fn new(limit: u64) -> Self {
-        Self {
-            total: AtomicU64::new(0),
-            limit,
-            tripped: Notify::new(),
-        }
+impl Sandbox for HelperSandbox {
+    type Exit = ();
+    type Error = NativeError;
+
+    async fn wait(&mut self) -> Result<(), NativeError> {
+        self.child.wait().await;
+        Ok(())
     }
 
-    fn add(&self, bytes: usize) {
-        let before = self.total.fetch_add(bytes as u64, Ordering::Relaxed);
-        if before <= self.limit && before + bytes as u64 > self.limit {
-            self.tripped.notify_one();
-        }
-    }
-}
-
-/// Reads a stream to its end, keeping its head and counting the rest. Memory use is
-/// `keep` plus one read buffer, however much the job writes.
-async fn capture_stream<R: AsyncRead + Unpin>(
-    mut stream: R,
-    keep: usize,
-    flood: Arc<Flood>,
-    tap: Option<(OutputTap, StreamKind)>,
-) -> CapturedOutput {
-    let mut capture = BoundedCapture::new(keep);
-    let mut buffer = vec![0u8; READ_CHUNK_BYTES];
-    loop {
-        match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if let Some((tap, kind)) = &tap {
-                    // Only what the observation keeps is streamed (the cap plus the lookahead
-                    // redaction needs; the engine cuts the stream back to the cap).
-                    let room = capture
-                        .keep()
-                        .saturating_sub(usize::try_from(capture.total()).unwrap_or(usize::MAX));
-                    if room > 0 {
-                        tap(*kind, &buffer[..n.min(room)]);
-                    }
-                }
-                capture.push(&buffer[..n]);
-                flood.add(n);
-            }
-        }
-    }
-    capture.finish()
-}
-
-async fn drain(task: tokio::task::JoinHandle<CapturedOutput>) -> CapturedOutput {
-    match tokio::time::timeout(DRAIN_TIMEOUT, task).await {
-        Ok(Ok(output)) => output,
-        Ok(Err(join)) => {
-            tracing::error!(error = %join, "output reader failed");
-            CapturedOutput::default()
-        }
-        Err(_) => {
-            tracing::error!("output pipe still open after every job process was killed");
-            CapturedOutput::default()
-        }
+    fn kill(&mut self) -> Kill {
+        // Killing the helper kills the init (parent-death signal), and the init's death
+        // kills every process in the pid namespace. Teardown sweeps the cgroup too.
+        self.child.start_kill();
+        Kill::sent(KILL_GRACE)
     }
 }
 
