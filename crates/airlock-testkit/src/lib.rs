@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cgroups;
 mod error;
 mod names;
 mod parse;
@@ -17,6 +18,7 @@ pub mod require;
 use std::path::{Path, PathBuf};
 
 pub use airlock_sys::probe::DangerousCall;
+pub use cgroups::cgroup_dir_names;
 pub use error::Error;
 pub use names::{errno_name, signal_name};
 pub use parse::{MountInfo, mount_for_path, parse_mountinfo, parse_net_dev, parse_proc_status};

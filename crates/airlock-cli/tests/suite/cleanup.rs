@@ -2,34 +2,12 @@
 //! cleanup (timeout, SIGTERM, SIGINT, SIGKILL of airlock and the next run's sweep, files of
 //! one job in the next) is checked on every backend in airlock-conformance.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 
 use pretty_assertions::assert_eq;
 
 use super::common::TestEnv;
 use crate::require_native;
-
-/// Directory names below every cgroup mount (depth-limited).
-fn cgroup_dir_names() -> BTreeSet<String> {
-    fn walk(dir: &Path, depth: usize, out: &mut BTreeSet<String>) {
-        if depth == 0 {
-            return;
-        }
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                out.insert(entry.file_name().to_string_lossy().into_owned());
-                walk(&entry.path(), depth - 1, out);
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    walk(Path::new("/sys/fs/cgroup"), 8, &mut out);
-    out
-}
 
 #[test]
 fn two_hundred_jobs_leave_nothing_behind() {
@@ -48,7 +26,7 @@ fn two_hundred_jobs_leave_nothing_behind() {
         ids.push(run.obs["job_id"].as_str().unwrap().to_owned());
     }
     // Every job process lived in the job's cgroup; a cgroup that is gone held nothing.
-    let cgroups = cgroup_dir_names();
+    let cgroups = airlock_testkit::cgroup_dir_names();
     let leaked: Vec<&String> = ids.iter().filter(|id| cgroups.contains(*id)).collect();
     assert_eq!(leaked, Vec::<&String>::new(), "cgroups left behind");
     // No job directory.
