@@ -321,11 +321,16 @@ fn load(
     name: Option<&str>,
     loaded: &LoadedPolicy,
 ) -> Result<(), String> {
-    let socket = match backend {
-        "docker" | "gvisor" => loaded.policy.docker.docker_socket.clone(),
-        "podman" => loaded.policy.docker.podman_socket.clone(),
+    let flavor = match backend {
+        "docker" => airlock_docker::Flavor::Docker,
+        "gvisor" => airlock_docker::Flavor::Gvisor,
+        "podman" => airlock_docker::Flavor::Podman,
         other => return Err(format!("--backend {other}: load into docker or podman")),
     };
+    // The backend's own socket: the policy's, else DOCKER_HOST's for Docker.
+    let socket = airlock_docker::engine::socket(&loaded.policy.docker, flavor)
+        .map_err(|e| e.to_string())?
+        .path;
     let tag = name
         .map(airlock_oci::store::with_tag)
         .or_else(|| record.names.first().cloned())
