@@ -44,13 +44,13 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 lap packages
 
-work="$(mktemp -d /tmp/airlock-images.XXXXXX)"
-chmod 755 "$work"
 # This run's own dockerd (scripts/ci/engines.sh: its own socket, data root and
 # configuration, the runtimes of scripts/ci/dockerd.json that the conformance suite below
 # needs); a daemon the host runs is neither used nor touched.
 # shellcheck source=scripts/ci/engines.sh
 . scripts/ci/engines.sh
+work="$(mktemp -d /tmp/airlock-images.XXXXXX)"
+chmod 755 "$work"
 started_pids=()
 cleanup() {
   local pid
@@ -151,7 +151,9 @@ if [ "$id" != "$id2" ]; then
 fi
 log "image $image_name@$id (rebuilt with the same digest)"
 
-# 5. Into Docker (same id there), the registry (pushed with skopeo, pulled by digest).
+# 5. Into Docker (same id there; `airlock image load` finds this run's dockerd by
+# DOCKER_HOST, the built-in policy's docker_socket being empty), the registry (pushed with
+# skopeo, pulled by digest).
 loaded=$("$airlock" image --store "$store" load "$image_name" --backend docker)
 [ "$loaded" = "$id" ] || { echo "docker has $loaded, the store $id" >&2; exit 1; }
 [ "$(docker image inspect "$image_name" --format '{{.Id}}')" = "$id" ]
