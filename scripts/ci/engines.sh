@@ -21,7 +21,7 @@
 # with, when it exits. A daemon a killed earlier run left behind (its pidfile here names a
 # live process whose command line names this instance's socket) is stopped and started
 # afresh, so its configuration is the current one. Two runs at once would share these
-# instances: a lock makes the second fail at once instead.
+# instances: an owner file makes the second fail at once instead.
 #
 # The scripts point the tests and the CLIs at the instances: AIRLOCK_DOCKER_SOCKET,
 # AIRLOCK_PODMAN_SOCKET and AIRLOCK_PODMAN_BROKEN_SOCKET for the tests, DOCKER_HOST for
@@ -45,12 +45,17 @@ chmod 711 "$ci_run"
 # Whatever the caller's environment says about another daemon does not apply here.
 unset DOCKER_CONTEXT DOCKER_TLS_VERIFY DOCKER_CERT_PATH CONTAINER_HOST CONTAINER_CONNECTION
 
-# One run at a time per run directory: the lock is held until the script exits.
-exec {ci_lock_fd}>"$ci_run/engines.lock"
-if ! flock -n "$ci_lock_fd"; then
-  echo "another run of the CI scripts is using the engines of $ci_run (lock $ci_run/engines.lock); wait for it, or set AIRLOCK_CI_RUN to a directory of its own" >&2
+# One run at a time per run directory: the owner file names the script's pid until
+# ci_engines_stop. Not flock: every process the script starts would inherit the open lock,
+# so a daemon or registry a killed run left behind would hold it for good.
+ci_owner="$ci_run/engines.owner"
+ci_owner_pid=$(cat "$ci_owner" 2>/dev/null || true)
+if [ -n "$ci_owner_pid" ] && [ "$ci_owner_pid" != "$$" ] && [ -r "/proc/$ci_owner_pid/cmdline" ] \
+  && tr '\0' ' ' <"/proc/$ci_owner_pid/cmdline" | grep -q 'scripts/ci/'; then
+  echo "another run of the CI scripts (pid $ci_owner_pid: $(tr '\0' ' ' <"/proc/$ci_owner_pid/cmdline")) is using the engines of $ci_run; wait for it, or set AIRLOCK_CI_RUN to a directory of its own" >&2
   exit 1
 fi
+echo "$$" >"$ci_owner"
 
 ci_ping() { curl -sf --max-time 5 --unix-socket "$1" http://localhost/_ping >/dev/null 2>&1; }
 
@@ -227,4 +232,7 @@ ci_engines_stop() {
   done
   ci_engine_pids=()
   ci_engine_pidfiles=()
+  if [ "$(cat "$ci_owner" 2>/dev/null)" = "$$" ]; then
+    rm -f "$ci_owner"
+  fi
 }
