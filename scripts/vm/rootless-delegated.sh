@@ -54,11 +54,13 @@ try:
 except OSError as e:
     print(n, e.errno)' \
   | check 'd["stdout"] == "16 11\n"' "processes held at pids.max"
-# Two spinners under a quarter CPU: CPU time over wall time near 0.25 (2 without the quota).
+# Two spinners under a quarter CPU: CPU time over wall time near 0.25 (2 without the quota,
+# at least 1 on a loaded host). The emulated CPU enforces the quota coarsely when the host
+# is busy (0.65 seen with the host's two cores compiling), hence the wide upper bound.
 run 4 --timeout 4s --cpus 0.25 -c 'import os
 os.fork()
 while True: pass' \
-  | check 'd["outcome"] == "timeout" and 0.08 <= d["cpu_ms"] / d["duration_ms"] <= 0.6' "CPU share and wall time"
+  | check 'd["outcome"] == "timeout" and 0.08 <= d["cpu_ms"] / d["duration_ms"] <= 0.8' "CPU share and wall time"
 # The probe inside: the security shape of the native-sandbox issue, as this user.
 run 5 --policy "$unhurried" --file "probe=$AIRLOCK_PROBE" -l sh -c 'exec /work/probe report' \
   | check 'd["ok"] and "degraded" not in d and (lambda r: r["identity"]["uid"] == 65534

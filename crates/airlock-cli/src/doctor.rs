@@ -3,12 +3,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 
-use airlock_core::{BackendKind, JobRequest, Outcome};
+use airlock_core::BackendKind;
+use airlock_core::doctor::{DoctorReport, Status};
 use airlock_engine::LoadedPolicy;
-use airlock_host::doctor::{Check, Status};
-use airlock_native::doctor::{DoctorReport, diagnose};
 use clap::Args;
 
 use crate::error_chain;
@@ -54,48 +52,7 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut report = match kind {
-        BackendKind::Native => diagnose(&loaded.policy),
-        BackendKind::Docker | BackendKind::Podman | BackendKind::Gvisor => {
-            let flavor = match kind {
-                BackendKind::Podman => airlock_docker::Flavor::Podman,
-                BackendKind::Gvisor => airlock_docker::Flavor::Gvisor,
-                _ => airlock_docker::Flavor::Docker,
-            };
-            let mut report = DoctorReport {
-                backend: kind.as_str(),
-                ready: true,
-                checks: Vec::new(),
-            };
-            for check in runtime.block_on(airlock_docker::doctor::doctor(&loaded.policy, flavor)) {
-                report.push(check);
-            }
-            report
-        }
-        BackendKind::Kube => {
-            let mut report = DoctorReport {
-                backend: kind.as_str(),
-                ready: true,
-                checks: Vec::new(),
-            };
-            #[cfg(feature = "kube")]
-            for check in crate::kube::doctor_checks(&loaded, &runtime) {
-                report.push(check);
-            }
-            #[cfg(not(feature = "kube"))]
-            report.push(Check {
-                control: "kube".to_owned(),
-                status: Status::Missing,
-                detail: "this airlock was built without the Kubernetes backend".to_owned(),
-                fix: Some("rebuild with `cargo build -p airlock-cli --features kube`".to_owned()),
-            });
-            report
-        }
-    };
-    // A real job, unless the backend already cannot run one.
-    if kind != BackendKind::Kube || report.ready {
-        report.push(live_check(&loaded, kind, &runtime));
-    }
+    let report = runtime.block_on(airlock_engine::doctor::doctor(kind, &loaded));
     if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(text) => println!("{text}"),
@@ -108,73 +65,6 @@ pub fn doctor(args: DoctorArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    }
-}
-
-/// Runs a real job through the backend: the only proof that every control applies.
-fn live_check(
-    loaded: &LoadedPolicy,
-    kind: BackendKind,
-    runtime: &tokio::runtime::Runtime,
-) -> Check {
-    const CONTROL: &str = "sandbox end to end";
-    let outcome = (|| -> Result<String, String> {
-        let backend =
-            airlock_engine::backends::open(kind, loaded).map_err(|e| e.message.clone())?;
-        let language = if loaded.policy.languages.contains_key("sh") {
-            "sh"
-        } else {
-            loaded
-                .policy
-                .languages
-                .keys()
-                .next()
-                .map(String::as_str)
-                .unwrap_or("sh")
-        };
-        let source = if language == "python" {
-            "pass"
-        } else {
-            "exit 0"
-        };
-        let spec = JobRequest {
-            language: language.to_owned(),
-            source: source.as_bytes().to_vec(),
-            ..Default::default()
-        }
-        .resolve(&loaded.policy)
-        .map_err(|e| e.to_string())?;
-        let started = Instant::now();
-        let report = runtime
-            .block_on(backend.run(&spec, None))
-            .map_err(|e| e.message)?;
-        let outcome = report.outcome();
-        if outcome != Outcome::Exited || report.termination != airlock_core::Termination::Exited(0)
-        {
-            return Err(format!(
-                "a trivial {language} job ended as {}",
-                outcome.as_str()
-            ));
-        }
-        Ok(format!(
-            "a {language} job ran in a full sandbox in {} ms (setup {} ms)",
-            started.elapsed().as_millis(),
-            report.setup.as_millis()
-        ))
-    })();
-    match outcome {
-        Ok(detail) => Check {
-            control: CONTROL.to_owned(),
-            status: Status::Ok,
-            detail,
-            fix: None,
-        },
-        Err(detail) => Check {
-            control: CONTROL.to_owned(),
-            status: Status::Missing,
-            detail,
-            fix: Some("see the failed checks above; AIRLOCK_LOG=debug shows each step".to_owned()),
-        },
     }
 }
 

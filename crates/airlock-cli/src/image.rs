@@ -321,16 +321,7 @@ fn load(
     name: Option<&str>,
     loaded: &LoadedPolicy,
 ) -> Result<(), String> {
-    let flavor = match backend {
-        "docker" => airlock_docker::Flavor::Docker,
-        "gvisor" => airlock_docker::Flavor::Gvisor,
-        "podman" => airlock_docker::Flavor::Podman,
-        other => return Err(format!("--backend {other}: load into docker or podman")),
-    };
-    // The backend's own socket: the policy's, else DOCKER_HOST's for Docker.
-    let socket = airlock_docker::engine::socket(&loaded.policy.docker, flavor)
-        .map_err(|e| e.to_string())?
-        .path;
+    let kind: airlock_core::BackendKind = backend.parse()?;
     let tag = name
         .map(airlock_oci::store::with_tag)
         .or_else(|| record.names.first().cloned())
@@ -339,30 +330,9 @@ fn load(
     airlock_oci::export::write_archive(store, record, Some(&tag), &mut archive).map_err(oci)?;
     let runtime = runtime()?;
     runtime.block_on(async {
-        use futures_util::StreamExt;
-        let docker = airlock_docker::cleanup::connect(&socket)
-            .map_err(|e| format!("connect to {}: {e}", socket.display()))?;
-        let mut stream = docker.import_image(
-            bollard::query_parameters::ImportImageOptionsBuilder::default()
-                .quiet(true)
-                .build(),
-            bollard::body_full(archive.into()),
-            None,
-        );
-        while let Some(item) = stream.next().await {
-            item.map_err(|e| format!("load into {backend}: {e}"))?;
-        }
-        let inspected = docker
-            .inspect_image(&tag)
+        airlock_engine::images::load_into(kind, loaded, archive, &tag, &record.id.to_string())
             .await
-            .map_err(|e| format!("inspect {tag} in {backend}: {e}"))?;
-        let id = inspected.id.unwrap_or_default();
-        if id.trim_start_matches("sha256:") != record.id.hex() {
-            return Err(format!(
-                "{backend} has {tag} as {id}, not {}: refusing to pin it",
-                record.id
-            ));
-        }
+            .map_err(|e| e.message)?;
         println!("{}", record.id);
         eprintln!("pin it: rootfs = \"image:{tag}@{}\"", record.id);
         Ok(())

@@ -1,13 +1,11 @@
 //! `airlock kube …` (built with the `kube` feature): prepare a job namespace once
 //! (`install`), print airlock's seccomp filter as a node-local profile
-//! (`seccomp-profile`), and the checks of `airlock doctor --backend kube`.
+//! (`seccomp-profile`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use airlock_engine::LoadedPolicy;
-use airlock_host::doctor::{Check, Status};
-use airlock_kube::doctor::CheckStatus;
 use airlock_kube::install::{DEFAULT_SUBJECT, Identity, InstallPlan};
 use clap::{Args, Subcommand};
 
@@ -52,21 +50,16 @@ fn load(policy: Option<&PathBuf>) -> Result<LoadedPolicy, String> {
 
 pub fn kube(args: KubeArgs) -> ExitCode {
     match args.command {
-        KubeCommand::SeccompProfile => {
-            match airlock_docker::seccomp::docker_profile(
-                airlock_docker::seccomp::POLICY_JSON,
-                false,
-            ) {
-                Ok(profile) => {
-                    println!("{profile}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("airlock: {}", error_chain(&e));
-                    ExitCode::from(1)
-                }
+        KubeCommand::SeccompProfile => match airlock_engine::seccomp::oci_profile() {
+            Ok(profile) => {
+                println!("{profile}");
+                ExitCode::SUCCESS
             }
-        }
+            Err(e) => {
+                eprintln!("airlock: {}", error_chain(&e));
+                ExitCode::from(1)
+            }
+        },
         KubeCommand::Install {
             policy,
             service_account,
@@ -141,34 +134,4 @@ pub fn kube(args: KubeArgs) -> ExitCode {
             }
         }
     }
-}
-
-/// The checks of `airlock doctor --backend kube`.
-pub fn doctor_checks(loaded: &LoadedPolicy, runtime: &tokio::runtime::Runtime) -> Vec<Check> {
-    let checks = runtime.block_on(async {
-        match airlock_kube::backend::connect(&loaded.policy.kube).await {
-            Ok(client) => airlock_kube::doctor::doctor(&loaded.policy, &client).await,
-            Err(e) => vec![airlock_kube::doctor::KubeCheck {
-                control: "kube: configuration".to_owned(),
-                status: CheckStatus::Missing,
-                detail: error_chain(&e),
-                fix: Some(
-                    "set [kube] kubeconfig, or $KUBECONFIG, or run airlock in a Pod".to_owned(),
-                ),
-            }],
-        }
-    });
-    checks
-        .into_iter()
-        .map(|c| Check {
-            control: c.control,
-            status: match c.status {
-                CheckStatus::Ok => Status::Ok,
-                CheckStatus::Warning => Status::Warning,
-                CheckStatus::Missing => Status::Missing,
-            },
-            detail: c.detail,
-            fix: c.fix,
-        })
-        .collect()
 }

@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod backend;
 pub mod capture;
+pub mod doctor;
 pub mod error;
 pub mod job;
 pub mod media;

@@ -774,7 +774,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// The next item of a stream.
-async fn next<S: Stream + Unpin + ?Sized>(stream: &mut S) -> Option<S::Item> {
+pub(crate) async fn next<S: Stream + Unpin + ?Sized>(stream: &mut S) -> Option<S::Item> {
     std::future::poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
 }
 

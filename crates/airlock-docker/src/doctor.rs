@@ -1,8 +1,8 @@
 //! `airlock doctor` for the Engine API backends: the socket, the daemon's version, its
 //! runtimes, how TCP buffers are bounded, and whether the policy's image is present with the pinned digest.
 
+use airlock_core::doctor::{Check, Status};
 use airlock_core::policy::{Policy, RootfsSpec};
-use airlock_host::doctor::{Check, Status};
 
 use crate::Flavor;
 use crate::backend::{DockerConfig, GVISOR_SECCOMP_FLAG};

@@ -129,6 +129,27 @@ pub enum DockerError {
         /// What the daemon said.
         source: bollard::errors::Error,
     },
+    /// Loading an image archive into the daemon failed.
+    #[error("load the image archive into the {backend} daemon")]
+    LoadImage {
+        /// The backend.
+        backend: &'static str,
+        /// What the daemon said.
+        source: bollard::errors::Error,
+    },
+    /// The daemon holds a loaded image under another id than the archive's: it would not be
+    /// the image airlock built, so it is not pinned.
+    #[error("{backend} has {tag} as {found}, not {expected}: refusing to pin it")]
+    LoadedImageMismatch {
+        /// The backend.
+        backend: &'static str,
+        /// The tag loaded.
+        tag: String,
+        /// The id the daemon reports.
+        found: String,
+        /// The archive's image id.
+        expected: String,
+    },
     /// Listing airlock's containers failed.
     #[error("list airlock's containers")]
     ListContainers(#[source] bollard::errors::Error),
@@ -231,6 +252,8 @@ impl DockerError {
             | DockerError::FeatureUnavailable { .. } => ErrorKind::PolicyDenied,
             DockerError::Engine { .. }
             | DockerError::InspectImage { .. }
+            | DockerError::LoadImage { .. }
+            | DockerError::LoadedImageMismatch { .. }
             | DockerError::ListContainers(_)
             | DockerError::JobDir(_)
             | DockerError::MountOut { .. }

@@ -1,9 +1,12 @@
 //! Images by digest: before every job the local image under the policy's reference must be
 //! the one the policy pins, by image id or by repository digest. Nothing is ever pulled.
 
+use airlock_core::Policy;
 use bollard::Docker;
 use bollard::models::ImageInspect;
 
+use crate::Flavor;
+use crate::backend::DockerConfig;
 use crate::error::DockerError;
 
 /// The image a job may run: its id, which the container is created from (never the tag,
@@ -89,6 +92,55 @@ pub async fn check(
         id,
         digest: digest.to_owned(),
     })
+}
+
+/// Loads an image archive (`docker save` layout) into the `flavor` daemon the policy names
+/// (for Docker, `DOCKER_HOST` when the policy leaves `docker_socket` empty)
+/// and checks that the daemon now holds `tag` as `expected_id` (`sha256:…`): Docker and
+/// Podman name an image by the sha256 of its config, as airlock does, so anything else is
+/// not the image that was built.
+pub async fn load_archive(
+    policy: &Policy,
+    flavor: Flavor,
+    archive: Vec<u8>,
+    tag: &str,
+    expected_id: &str,
+) -> Result<(), DockerError> {
+    let backend = flavor.as_str();
+    let socket = DockerConfig::from_policy(policy, flavor)?.socket;
+    let docker = crate::cleanup::connect(&socket).map_err(|source| DockerError::Connect {
+        backend,
+        socket: socket.clone(),
+        source,
+    })?;
+    let mut stream = docker.import_image(
+        bollard::query_parameters::ImportImageOptionsBuilder::default()
+            .quiet(true)
+            .build(),
+        bollard::body_full(archive.into()),
+        None,
+    );
+    while let Some(item) = crate::backend::next(&mut stream).await {
+        item.map_err(|source| DockerError::LoadImage { backend, source })?;
+    }
+    let inspected =
+        docker
+            .inspect_image(tag)
+            .await
+            .map_err(|source| DockerError::InspectImage {
+                reference: tag.to_owned(),
+                source,
+            })?;
+    let found = inspected.id.unwrap_or_default();
+    if found.trim_start_matches("sha256:") != expected_id.trim_start_matches("sha256:") {
+        return Err(DockerError::LoadedImageMismatch {
+            backend,
+            tag: tag.to_owned(),
+            found,
+            expected: expected_id.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

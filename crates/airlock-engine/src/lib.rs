@@ -5,9 +5,12 @@
 
 pub mod audit;
 pub mod backends;
+pub mod doctor;
 pub mod error;
+pub mod images;
 pub mod out_dir;
 pub mod redaction;
+pub mod seccomp;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,10 +1,9 @@
 //! airlock-host: the host-side job plumbing every backend shares (the runtime directory and
 //! each job's directory in it, airlock's state directory, releasing `/out` through a
-//! directory descriptor, how sandbox ids map to host ids, doctor report lines), so that no
+//! directory descriptor, how sandbox ids map to host ids), so that no
 //! backend depends on another. It never imports a backend crate.
 #![forbid(unsafe_code)]
 
-pub mod doctor;
 pub mod error;
 pub mod ids;
 pub mod jobdir;

@@ -5,6 +5,7 @@
 //! airlock's own identity may do exactly what a job needs.
 
 use airlock_core::Policy;
+use airlock_core::doctor::{Check, Status};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -18,37 +19,8 @@ use crate::backend::{check_degraded, weaker_controls};
 use crate::error::status_code;
 use crate::install::POD_SECURITY_LEVEL;
 
-/// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CheckStatus {
-    /// In place.
-    Ok,
-    /// Not verifiable, or weaker but accepted.
-    Warning,
-    /// Jobs cannot run (or would run weaker than the policy allows) until it is fixed.
-    Missing,
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubeCheck {
-    /// What is checked.
-    pub control: String,
-    /// How it came out.
-    pub status: CheckStatus,
-    /// What was found.
-    pub detail: String,
-    /// How to fix it.
-    pub fix: Option<String>,
-}
-
-fn check(
-    control: &str,
-    status: CheckStatus,
-    detail: impl Into<String>,
-    fix: Option<&str>,
-) -> KubeCheck {
-    KubeCheck {
+fn check(control: &str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
+    Check {
         control: format!("kube: {control}"),
         status,
         detail: detail.into(),
@@ -69,15 +41,30 @@ pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
 const INSTALL_FIX: &str =
     "run `airlock kube install` (or kubectl apply -f deploy/namespace/) as a cluster admin";
 
+/// Connects to the cluster `policy`'s `[kube]` section names and checks it (the checks of
+/// `airlock doctor --backend kube`); a configuration that reaches no cluster is one missing
+/// check.
+pub async fn diagnose(policy: &Policy) -> Vec<Check> {
+    match crate::backend::connect(&policy.kube).await {
+        Ok(client) => doctor(policy, &client).await,
+        Err(e) => vec![check(
+            "configuration",
+            Status::Missing,
+            airlock_core::error::chain_without_repeats(&e),
+            Some("set [kube] kubeconfig, or $KUBECONFIG, or run airlock in a Pod"),
+        )],
+    }
+}
+
 /// Checks the cluster `client` reaches against `policy`.
-pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
+pub async fn doctor(policy: &Policy, client: &Client) -> Vec<Check> {
     let kube = &policy.kube;
     let ns = kube.namespace.as_str();
     let mut checks = Vec::new();
     match client.apiserver_version().await {
         Ok(info) => checks.push(check(
             "API server",
-            CheckStatus::Ok,
+            Status::Ok,
             format!(
                 "Kubernetes {}.{} ({})",
                 info.major, info.minor, info.git_version
@@ -87,7 +74,7 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
         Err(e) => {
             checks.push(check(
                 "API server",
-                CheckStatus::Missing,
+                Status::Missing,
                 format!("not reachable: {e}"),
                 Some("check [kube] kubeconfig/context, $KUBECONFIG, or the in-cluster service account"),
             ));
@@ -104,29 +91,29 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
             if enforce == Some(POD_SECURITY_LEVEL) {
                 checks.push(check(
                     "namespace",
-                    CheckStatus::Ok,
+                    Status::Ok,
                     format!("{ns} enforces Pod Security {POD_SECURITY_LEVEL}"),
                     None,
                 ));
             } else {
-                checks.push(check("namespace", CheckStatus::Missing, format!("{ns} has pod-security.kubernetes.io/enforce={enforce:?}, not {POD_SECURITY_LEVEL}"), Some(INSTALL_FIX)));
+                checks.push(check("namespace", Status::Missing, format!("{ns} has pod-security.kubernetes.io/enforce={enforce:?}, not {POD_SECURITY_LEVEL}"), Some(INSTALL_FIX)));
             }
         }
         Ok(None) => checks.push(check(
             "namespace",
-            CheckStatus::Missing,
+            Status::Missing,
             format!("{ns} does not exist"),
             Some(INSTALL_FIX),
         )),
         Err(e) if status_code(&e) == Some(403) => checks.push(check(
             "namespace",
-            CheckStatus::Warning,
+            Status::Warning,
             format!("{ns}: not allowed to read it, so its Pod Security labels are unverified"),
             Some(INSTALL_FIX),
         )),
         Err(e) => checks.push(check(
             "namespace",
-            CheckStatus::Missing,
+            Status::Missing,
             format!("{ns}: {e}"),
             None,
         )),
@@ -152,13 +139,13 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
                 })
             });
             match deny_all {
-                Some(p) => checks.push(check("network policy", CheckStatus::Ok, format!("{} denies all ingress and egress (enforced only by a NetworkPolicy-enforcing CNI, which doctor cannot see)", p.metadata.name.clone().unwrap_or_default()), None)),
-                None => checks.push(check("network policy", CheckStatus::Missing, format!("no deny-all NetworkPolicy in {ns}"), Some(INSTALL_FIX))),
+                Some(p) => checks.push(check("network policy", Status::Ok, format!("{} denies all ingress and egress (enforced only by a NetworkPolicy-enforcing CNI, which doctor cannot see)", p.metadata.name.clone().unwrap_or_default()), None)),
+                None => checks.push(check("network policy", Status::Missing, format!("no deny-all NetworkPolicy in {ns}"), Some(INSTALL_FIX))),
             }
         }
         Err(e) => checks.push(check(
             "network policy",
-            CheckStatus::Missing,
+            Status::Missing,
             format!("cannot list NetworkPolicies in {ns}: {e}"),
             Some(INSTALL_FIX),
         )),
@@ -173,7 +160,7 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
     match (quota, ranges) {
         (Ok(q), Ok(r)) if !q.items.is_empty() && !r.items.is_empty() => checks.push(check(
             "quota",
-            CheckStatus::Ok,
+            Status::Ok,
             format!(
                 "{} ResourceQuota, {} LimitRange",
                 q.items.len(),
@@ -183,7 +170,7 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
         )),
         (Ok(_), Ok(_)) => checks.push(check(
             "quota",
-            CheckStatus::Warning,
+            Status::Warning,
             format!(
                 "{ns} has no ResourceQuota or no LimitRange: job Pods are not capped in number"
             ),
@@ -191,34 +178,34 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
         )),
         (Err(e), _) | (_, Err(e)) => checks.push(check(
             "quota",
-            CheckStatus::Warning,
+            Status::Warning,
             format!("cannot read: {e}"),
             Some(INSTALL_FIX),
         )),
     }
 
     match Api::<ServiceAccount>::namespaced(client.clone(), ns).get_opt(&kube.service_account).await {
-        Ok(Some(sa)) if sa.automount_service_account_token == Some(false) => checks.push(check("service account", CheckStatus::Ok, format!("{} mounts no token", kube.service_account), None)),
-        Ok(Some(_)) => checks.push(check("service account", CheckStatus::Warning, format!("{} may mount a token (job Pods set automountServiceAccountToken: false themselves)", kube.service_account), Some(INSTALL_FIX))),
-        Ok(None) => checks.push(check("service account", CheckStatus::Missing, format!("{} does not exist in {ns}: job Pods cannot be admitted", kube.service_account), Some(INSTALL_FIX))),
+        Ok(Some(sa)) if sa.automount_service_account_token == Some(false) => checks.push(check("service account", Status::Ok, format!("{} mounts no token", kube.service_account), None)),
+        Ok(Some(_)) => checks.push(check("service account", Status::Warning, format!("{} may mount a token (job Pods set automountServiceAccountToken: false themselves)", kube.service_account), Some(INSTALL_FIX))),
+        Ok(None) => checks.push(check("service account", Status::Missing, format!("{} does not exist in {ns}: job Pods cannot be admitted", kube.service_account), Some(INSTALL_FIX))),
         // A namespace installed before airlock's Role granted reading it (install.rs).
         Err(e) if status_code(&e) == Some(403) => checks.push(check(
             "service account",
-            CheckStatus::Warning,
+            Status::Warning,
             format!("not allowed to read {} in {ns}, so whether it mounts a token is unverified (job Pods set automountServiceAccountToken: false themselves)", kube.service_account),
             Some(&format!("run doctor as a cluster admin, or let airlock get serviceaccounts/{} in {ns}", kube.service_account)),
         )),
-        Err(e) => checks.push(check("service account", CheckStatus::Warning, format!("cannot read {}: {e}", kube.service_account), None)),
+        Err(e) => checks.push(check("service account", Status::Warning, format!("cannot read {}: {e}", kube.service_account), None)),
     }
 
     if kube.runtime_class.is_empty() {
-        checks.push(check("runtime class", CheckStatus::Warning, "none: job Pods use the nodes' default runtime (set [kube] runtime_class = \"gvisor\" for a sandboxed kernel)", None));
+        checks.push(check("runtime class", Status::Warning, "none: job Pods use the nodes' default runtime (set [kube] runtime_class = \"gvisor\" for a sandboxed kernel)", None));
     } else {
         match Api::<RuntimeClass>::all(client.clone()).get_opt(&kube.runtime_class).await {
-            Ok(Some(rc)) => checks.push(check("runtime class", CheckStatus::Ok, format!("{} (handler {})", kube.runtime_class, rc.handler), None)),
-            Ok(None) => checks.push(check("runtime class", CheckStatus::Missing, format!("RuntimeClass {} does not exist", kube.runtime_class), Some("install the runtime (gVisor: runsc with containerd's shim) and its RuntimeClass"))),
-            Err(e) if status_code(&e) == Some(403) => checks.push(check("runtime class", CheckStatus::Warning, format!("not allowed to read RuntimeClass {}", kube.runtime_class), Some(INSTALL_FIX))),
-            Err(e) => checks.push(check("runtime class", CheckStatus::Missing, e.to_string(), None)),
+            Ok(Some(rc)) => checks.push(check("runtime class", Status::Ok, format!("{} (handler {})", kube.runtime_class, rc.handler), None)),
+            Ok(None) => checks.push(check("runtime class", Status::Missing, format!("RuntimeClass {} does not exist", kube.runtime_class), Some("install the runtime (gVisor: runsc with containerd's shim) and its RuntimeClass"))),
+            Err(e) if status_code(&e) == Some(403) => checks.push(check("runtime class", Status::Warning, format!("not allowed to read RuntimeClass {}", kube.runtime_class), Some(INSTALL_FIX))),
+            Err(e) => checks.push(check("runtime class", Status::Missing, e.to_string(), None)),
         }
     }
 
@@ -255,19 +242,19 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
     match (failed, denied.is_empty()) {
         (Some(e), _) => checks.push(check(
             "RBAC",
-            CheckStatus::Missing,
+            Status::Missing,
             format!("SelfSubjectAccessReview failed: {e}"),
             None,
         )),
         (None, true) => checks.push(check(
             "RBAC",
-            CheckStatus::Ok,
+            Status::Ok,
             format!("may create, watch, read logs of and delete Pods in {ns}"),
             None,
         )),
         (None, false) => checks.push(check(
             "RBAC",
-            CheckStatus::Missing,
+            Status::Missing,
             format!("not allowed in {ns}: {}", denied.join(", ")),
             Some(INSTALL_FIX),
         )),
@@ -276,13 +263,13 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
     match kube.image_ref(&policy.filesystem.rootfs) {
         Some((reference, digest)) => checks.push(check(
             "image",
-            CheckStatus::Ok,
+            Status::Ok,
             format!("{reference}@{digest} (pulled by the kubelet by digest)"),
             None,
         )),
         None => checks.push(check(
             "image",
-            CheckStatus::Missing,
+            Status::Missing,
             "no image pinned by digest",
             Some("set [kube] image = \"REF@sha256:…\""),
         )),
@@ -293,11 +280,7 @@ pub async fn doctor(policy: &Policy, client: &Client) -> Vec<KubeCheck> {
         let ok = kube.allow_degraded.contains(&control);
         checks.push(check(
             &format!("weaker: {}", control.as_str()),
-            if ok {
-                CheckStatus::Warning
-            } else {
-                CheckStatus::Missing
-            },
+            if ok { Status::Warning } else { Status::Missing },
             format!("{why}{}", if ok { " (accepted by the policy)" } else { "" }),
             (!ok).then_some(
                 "accept it in [kube] allow_degraded, or use a backend that gives the full shape",

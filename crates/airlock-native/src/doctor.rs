@@ -5,31 +5,8 @@ use std::fs;
 use std::path::Path;
 
 use airlock_cgroup::{Hierarchy, ParentSpec, Presence};
+use airlock_core::doctor::{Check, DoctorReport};
 use airlock_core::policy::{CgroupParent, Policy, RootfsSpec};
-use serde::Serialize;
-
-use airlock_host::doctor::{Check, Status};
-
-/// The whole report.
-#[derive(Debug, Clone, Serialize)]
-pub struct DoctorReport {
-    /// The backend.
-    pub backend: &'static str,
-    /// Whether every required control is available.
-    pub ready: bool,
-    /// Each control.
-    pub checks: Vec<Check>,
-}
-
-impl DoctorReport {
-    /// Adds a check and updates `ready`.
-    pub fn push(&mut self, check: Check) {
-        if check.status == Status::Missing {
-            self.ready = false;
-        }
-        self.checks.push(check);
-    }
-}
 
 fn read_trimmed(path: &str) -> Option<String> {
     fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
@@ -37,11 +14,7 @@ fn read_trimmed(path: &str) -> Option<String> {
 
 /// Checks everything that does not need to start a sandbox.
 pub fn diagnose(policy: &Policy) -> DoctorReport {
-    let mut report = DoctorReport {
-        backend: "native",
-        ready: true,
-        checks: Vec::new(),
-    };
+    let mut report = DoctorReport::new("native");
     let root = rustix::process::geteuid().is_root();
 
     let uname = rustix::system::uname();

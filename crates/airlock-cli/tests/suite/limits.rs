@@ -1,6 +1,10 @@
 //! Limits hold and end the job as the right outcome: wall time, processes, memory, output.
-
-use std::time::{Duration, Instant};
+//!
+//! What every backend must hold is checked once, in airlock-conformance (which runs on the
+//! native backend too). What stays here is native-only (the CPU quota, the supervisor's own
+//! memory) or what `scripts/vm/run-v2-tests.sh` runs on a cgroup v2 kernel, where the
+//! emulated CPU needs the unhurried timeouts below; the conformance binary does not run in
+//! that VM.
 
 use pretty_assertions::assert_eq;
 
@@ -11,21 +15,6 @@ use crate::require_native;
 /// hung sandbox reaches it, however slow the machine (the cgroup v2 VM emulates its CPU
 /// and runs these jobs 20 to 60 times slower than the host).
 const UNHURRIED: &str = "[limits]\ntimeout = \"120s\"";
-
-#[test]
-fn wall_time_kills_a_busy_loop_within_timeout_plus_one_second() {
-    require_native!();
-    let env = TestEnv::new();
-    let started = Instant::now();
-    let run = env.run_json(&["--timeout", "1s", "-c", "while True: pass"]);
-    let elapsed = started.elapsed();
-    assert_eq!(run.obs["outcome"], "timeout", "{:#}", run.obs);
-    assert_eq!(run.obs["ok"], false);
-    assert_eq!(run.code, 124);
-    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
-    let duration = run.obs["duration_ms"].as_u64().unwrap();
-    assert!((1000..1500).contains(&duration), "duration_ms {duration}");
-}
 
 #[test]
 fn wall_time_kills_the_whole_tree() {
@@ -173,21 +162,6 @@ fn cpu_quota_is_applied() {
         (0.08..=0.6).contains(&share),
         "cpu_ms {cpu} over duration_ms {wall} is {share:.2}, not about 0.25"
     );
-}
-
-#[test]
-fn output_flood_is_killed_as_output_limit() {
-    require_native!();
-    let env = TestEnv::new();
-    let run = env.run_json(&[
-        "-c",
-        "import sys\nwhile True: sys.stdout.write('x' * 65536)",
-    ]);
-    assert_eq!(run.obs["outcome"], "output_limit", "{:#}", run.obs);
-    assert_eq!(run.code, 137);
-    assert!(run.obs["stdout_bytes"].as_u64().unwrap() >= 64 * 1024 * 1024);
-    assert_eq!(run.obs["stdout_truncated"], true);
-    assert_eq!(run.obs["stdout"].as_str().unwrap().len(), 8000);
 }
 
 #[test]

@@ -220,13 +220,3 @@ pub fn assert_probe_sees_a_locked_down_sandbox(policy_body: &str) -> ProbeReport
     assert_eq!(r.rlimits.core.hard, Some(1));
     r
 }
-
-#[test]
-fn rw_workdir_policy_makes_work_writable_and_nothing_else() {
-    require_native!();
-    let env = TestEnv::new();
-    let (r, _) = run_probe(&env, "[filesystem]\nworkdir = \"rw\"", &[]);
-    assert!(r.writes["/work"].is_ok(), "{:?}", r.writes["/work"]);
-    assert_eq!(r.writes["/"], Outcome::errno("EROFS"));
-    assert_eq!(r.writes["/usr"], Outcome::errno("EROFS"));
-}

@@ -85,6 +85,28 @@ fn start_long_job(t: &Target, tag: &str, policy: &Path) -> (std::process::Child,
     (child, job)
 }
 
+/// Directory names below every cgroup mount (depth-limited): a native job's cgroup is
+/// named for its job (or warm sandbox).
+fn cgroup_dir_names() -> std::collections::BTreeSet<String> {
+    fn walk(dir: &std::path::Path, depth: usize, out: &mut std::collections::BTreeSet<String>) {
+        if depth == 0 {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                out.insert(entry.file_name().to_string_lossy().into_owned());
+                walk(&entry.path(), depth - 1, out);
+            }
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(std::path::Path::new("/sys/fs/cgroup"), 8, &mut out);
+    out
+}
+
 fn assert_nothing_left(t: &Target, tag: &str, job: &str) {
     assert!(
         eventually(10, || host_pids_with(tag).is_empty()),
@@ -109,6 +131,12 @@ fn assert_nothing_left(t: &Target, tag: &str, job: &str) {
             job_dir_with(t.kind, tag),
             None,
             "the job's directory left behind"
+        );
+    }
+    if t.kind.is_native() {
+        assert!(
+            !cgroup_dir_names().contains(job),
+            "the cgroup of job {job} left behind"
         );
     }
     if t.kind.is_container() {

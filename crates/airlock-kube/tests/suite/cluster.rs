@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
+use airlock_core::doctor::Status;
 use airlock_core::policy::KubeLogStreams;
 use airlock_core::{JobRequest, LimitsRequest, Outcome, Policy, RunReport, Termination};
 use airlock_kube::KubeBackend;
-use airlock_kube::doctor::CheckStatus;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use pretty_assertions::assert_eq;
@@ -92,7 +92,7 @@ async fn cluster_doctor_finds_the_namespace_prepared() {
     let checks = airlock_kube::doctor::doctor(&policy, &client).await;
     let missing: Vec<String> = checks
         .iter()
-        .filter(|c| c.status == CheckStatus::Missing)
+        .filter(|c| c.status == Status::Missing)
         .map(|c| format!("{}: {}", c.control, c.detail))
         .collect();
     assert_eq!(

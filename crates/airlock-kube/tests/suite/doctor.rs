@@ -5,7 +5,8 @@
 //! whole RoleBinding) is named, with its fix; an unreachable API server ends the report.
 
 use airlock_core::Policy;
-use airlock_kube::doctor::{CheckStatus, KubeCheck, REQUIRED_ACCESS, doctor};
+use airlock_core::doctor::{Check, Status};
+use airlock_kube::doctor::{REQUIRED_ACCESS, doctor};
 use airlock_kube::install::{self, NETWORK_POLICY, QUOTA};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -17,7 +18,7 @@ const INSTALL_FIX: &str =
     "run `airlock kube install` (or kubectl apply -f deploy/namespace/) as a cluster admin";
 
 /// The check of `control` (without the `kube: ` prefix).
-fn check<'a>(checks: &'a [KubeCheck], control: &str) -> &'a KubeCheck {
+fn check<'a>(checks: &'a [Check], control: &str) -> &'a Check {
     let control = format!("kube: {control}");
     checks
         .iter()
@@ -25,13 +26,7 @@ fn check<'a>(checks: &'a [KubeCheck], control: &str) -> &'a KubeCheck {
         .unwrap_or_else(|| panic!("no check {control:?} in {checks:#?}"))
 }
 
-fn assert_check(
-    checks: &[KubeCheck],
-    control: &str,
-    status: CheckStatus,
-    detail: &str,
-    fix: Option<&str>,
-) {
+fn assert_check(checks: &[Check], control: &str, status: Status, detail: &str, fix: Option<&str>) {
     let c = check(checks, control);
     assert_eq!(
         (c.status, c.fix.as_deref()),
@@ -46,19 +41,19 @@ fn assert_check(
     );
 }
 
-fn missing(checks: &[KubeCheck]) -> Vec<String> {
+fn missing(checks: &[Check]) -> Vec<String> {
     checks
         .iter()
-        .filter(|c| c.status == CheckStatus::Missing)
+        .filter(|c| c.status == Status::Missing)
         .map(|c| format!("{}: {}", c.control, c.detail))
         .collect()
 }
 
-async fn as_admin(policy: &Policy, cluster: &FakeCluster) -> Vec<KubeCheck> {
+async fn as_admin(policy: &Policy, cluster: &FakeCluster) -> Vec<Check> {
     doctor(policy, &cluster.client()).await
 }
 
-async fn as_airlock(policy: &Policy, cluster: &FakeCluster) -> Vec<KubeCheck> {
+async fn as_airlock(policy: &Policy, cluster: &FakeCluster) -> Vec<Check> {
     doctor(policy, &cluster.client_as(AIRLOCK_TOKEN)).await
 }
 
@@ -83,16 +78,16 @@ async fn a_prepared_namespace_is_ready() {
         ),
         ("image", "registry.example/airlock-python:3.11@sha256:"),
     ] {
-        assert_check(&checks, control, CheckStatus::Ok, detail, None);
+        assert_check(&checks, control, Status::Ok, detail, None);
     }
     assert_eq!(missing(&checks), Vec::<String>::new());
     // The rest: the weaker controls the policy accepts.
-    let weaker: Vec<&KubeCheck> = checks
+    let weaker: Vec<&Check> = checks
         .iter()
         .filter(|c| c.control.starts_with("kube: weaker: "))
         .collect();
     assert_eq!(weaker.len(), 5, "{checks:#?}");
-    assert!(weaker.iter().all(|c| c.status == CheckStatus::Warning));
+    assert!(weaker.iter().all(|c| c.status == Status::Warning));
     assert_eq!(checks.len(), 8 + 5, "{checks:#?}");
     // Reads and access reviews only.
     let writes: Vec<String> = cluster.state.requests()[10..]
@@ -127,13 +122,13 @@ async fn a_prepared_namespace_is_ready_for_airlocks_own_identity() {
         "RBAC",
         "image",
     ] {
-        assert_check(&checks, control, CheckStatus::Ok, "", None);
+        assert_check(&checks, control, Status::Ok, "", None);
     }
     // The Role install grants lets airlock read the job account (by name only).
     assert_check(
         &checks,
         "service account",
-        CheckStatus::Ok,
+        Status::Ok,
         "airlock-job mounts no token",
         None,
     );
@@ -150,40 +145,40 @@ async fn before_install_each_missing_piece_is_named_with_its_fix() {
     assert_check(
         &checks,
         "namespace",
-        CheckStatus::Missing,
+        Status::Missing,
         "airlock-jobs does not exist",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "network policy",
-        CheckStatus::Missing,
+        Status::Missing,
         "no deny-all NetworkPolicy in airlock-jobs",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "quota",
-        CheckStatus::Warning,
+        Status::Warning,
         "airlock-jobs has no ResourceQuota or no LimitRange",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "service account",
-        CheckStatus::Missing,
+        Status::Missing,
         "airlock-job does not exist in airlock-jobs",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "runtime class",
-        CheckStatus::Missing,
+        Status::Missing,
         "RuntimeClass gvisor does not exist",
         Some("install the runtime (gVisor: runsc with containerd's shim) and its RuntimeClass"),
     );
     // The admin may do anything.
-    assert_check(&checks, "RBAC", CheckStatus::Ok, "", None);
+    assert_check(&checks, "RBAC", Status::Ok, "", None);
 }
 
 #[tokio::test]
@@ -195,28 +190,28 @@ async fn before_install_airlocks_own_identity_is_denied_verb_by_verb() {
     assert_check(
         &checks,
         "RBAC",
-        CheckStatus::Missing,
+        Status::Missing,
         "not allowed in airlock-jobs: create pods, delete pods, get pods, list pods, watch pods, get pods/log",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "namespace",
-        CheckStatus::Warning,
+        Status::Warning,
         "not allowed to read it",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "network policy",
-        CheckStatus::Missing,
+        Status::Missing,
         "cannot list NetworkPolicies in airlock-jobs",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "runtime class",
-        CheckStatus::Warning,
+        Status::Warning,
         "not allowed to read RuntimeClass gvisor",
         Some(INSTALL_FIX),
     );
@@ -241,7 +236,7 @@ async fn a_namespace_without_the_restricted_label_is_named() {
     assert_check(
         &checks,
         "namespace",
-        CheckStatus::Missing,
+        Status::Missing,
         "airlock-jobs has pod-security.kubernetes.io/enforce=None, not restricted",
         Some(INSTALL_FIX),
     );
@@ -254,7 +249,7 @@ async fn a_namespace_without_the_restricted_label_is_named() {
     assert_check(
         &checks,
         "namespace",
-        CheckStatus::Missing,
+        Status::Missing,
         "enforce=Some(\"baseline\"), not restricted",
         Some(INSTALL_FIX),
     );
@@ -263,7 +258,7 @@ async fn a_namespace_without_the_restricted_label_is_named() {
         .await
         .unwrap();
     let checks = as_airlock(&policy, &cluster).await;
-    assert_check(&checks, "namespace", CheckStatus::Ok, "restricted", None);
+    assert_check(&checks, "namespace", Status::Ok, "restricted", None);
 }
 
 #[tokio::test]
@@ -292,7 +287,7 @@ async fn a_missing_or_opened_network_policy_is_named() {
     assert_check(
         &checks,
         "network policy",
-        CheckStatus::Missing,
+        Status::Missing,
         "no deny-all NetworkPolicy in airlock-jobs",
         Some(INSTALL_FIX),
     );
@@ -302,13 +297,7 @@ async fn a_missing_or_opened_network_policy_is_named() {
         .await
         .unwrap();
     let checks = as_airlock(&policy, &cluster).await;
-    assert_check(
-        &checks,
-        "network policy",
-        CheckStatus::Ok,
-        NETWORK_POLICY,
-        None,
-    );
+    assert_check(&checks, "network policy", Status::Ok, NETWORK_POLICY, None);
     state.update_object(
         "kubectl-edit",
         "networkpolicies",
@@ -320,7 +309,7 @@ async fn a_missing_or_opened_network_policy_is_named() {
     assert_check(
         &checks,
         "network policy",
-        CheckStatus::Missing,
+        Status::Missing,
         "no deny-all NetworkPolicy in airlock-jobs",
         Some(INSTALL_FIX),
     );
@@ -345,7 +334,7 @@ async fn a_verb_missing_from_airlocks_role_is_named() {
     assert_check(
         &checks,
         "RBAC",
-        CheckStatus::Missing,
+        Status::Missing,
         "not allowed in airlock-jobs: get pods/log",
         Some(INSTALL_FIX),
     );
@@ -362,26 +351,26 @@ async fn a_verb_missing_from_airlocks_role_is_named() {
     assert_check(
         &checks,
         "RBAC",
-        CheckStatus::Missing,
+        Status::Missing,
         "not allowed in airlock-jobs: create pods, delete pods, get pods, list pods, watch pods, get pods/log",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "network policy",
-        CheckStatus::Missing,
+        Status::Missing,
         "cannot list NetworkPolicies in airlock-jobs",
         Some(INSTALL_FIX),
     );
     assert_check(
         &checks,
         "quota",
-        CheckStatus::Warning,
+        Status::Warning,
         "cannot read",
         Some(INSTALL_FIX),
     );
     // The doctor's ClusterRole still lets it read the namespace.
-    assert_check(&checks, "namespace", CheckStatus::Ok, "", None);
+    assert_check(&checks, "namespace", Status::Ok, "", None);
 }
 
 #[tokio::test]
@@ -404,14 +393,14 @@ async fn a_missing_runtime_class_quota_or_token_setting_is_named() {
     assert_check(
         &checks,
         "runtime class",
-        CheckStatus::Missing,
+        Status::Missing,
         "RuntimeClass gvisor does not exist",
         Some("install the runtime (gVisor: runsc with containerd's shim) and its RuntimeClass"),
     );
     assert_check(
         &checks,
         "quota",
-        CheckStatus::Warning,
+        Status::Warning,
         "airlock-jobs has no ResourceQuota or no LimitRange",
         Some(INSTALL_FIX),
     );
@@ -419,7 +408,7 @@ async fn a_missing_runtime_class_quota_or_token_setting_is_named() {
     assert_check(
         &checks,
         "service account",
-        CheckStatus::Warning,
+        Status::Warning,
         "airlock-job may mount a token",
         Some(INSTALL_FIX),
     );
@@ -430,7 +419,7 @@ async fn a_missing_runtime_class_quota_or_token_setting_is_named() {
     assert_check(
         &checks,
         "runtime class",
-        CheckStatus::Warning,
+        Status::Warning,
         "none: job Pods use the nodes' default runtime",
         None,
     );
@@ -449,7 +438,7 @@ async fn an_unreachable_api_server_ends_the_report() {
     assert_check(
         &checks,
         "API server",
-        CheckStatus::Missing,
+        Status::Missing,
         "not reachable",
         Some("check [kube] kubeconfig/context, $KUBECONFIG, or the in-cluster service account"),
     );
