@@ -5,7 +5,10 @@
 # (AIRLOCK_CI_CACHE, default /var/cache/airlock-ci), then runs every test of the
 # workspace with cargo-nextest. Under AIRLOCK_REQUIRE_ALL=1 (set here) a test whose
 # requirement is missing fails instead of being skipped: nothing is counted as passed
-# that did not run.
+# that did not run. The container engines the tests need (dockerd, Podman) are started by
+# scripts/ci/docker.sh, images.sh and kube.sh as instances of their own, with their own
+# sockets, storage and configuration (scripts/ci/engines.sh): a daemon the host already
+# runs, and its configuration, is neither used nor touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

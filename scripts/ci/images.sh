@@ -11,8 +11,8 @@
 #   3. starts Debian's docker-registry on 127.0.0.1, pushes with skopeo, pulls by digest
 #      (and refuses a tampered blob).
 # Installs debootstrap, skopeo, docker-registry (and docker.io, runsc, python3-pip if
-# missing); starts dockerd only if none answers and the registry always, and stops only
-# what it started, by pid. Downloads are cached in ${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}.
+# missing); starts a dockerd of its own (scripts/ci/engines.sh; the host's daemon is
+# neither used nor touched) and the registry, and stops only what it started, by pid. Downloads are cached in ${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -44,37 +44,35 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 lap packages
 
+# This run's own dockerd (scripts/ci/engines.sh: its own socket, data root and
+# configuration, the runtimes of scripts/ci/dockerd.json that the conformance suite below
+# needs); a daemon the host runs is neither used nor touched.
+# shellcheck source=scripts/ci/engines.sh
+. scripts/ci/engines.sh
 work="$(mktemp -d /tmp/airlock-images.XXXXXX)"
 chmod 755 "$work"
 started_pids=()
 cleanup() {
   local pid
-  docker image rm -f "$image_name" >/dev/null 2>&1 || true
-  docker image rm -f "$docker_base" >/dev/null 2>&1 || true
+  if ci_ping "$ci_docker_sock"; then
+    docker image rm -f "$image_name" >/dev/null 2>&1 || true
+    docker image rm -f "$docker_base" >/dev/null 2>&1 || true
+  fi
   for pid in "${started_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${started_pids[@]}"; do
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   done
+  ci_engines_stop
   rm -rf "$work"
 }
 image_name=airlock-oci-test/python:ci
 docker_base=airlock-oci-test/debian-base:ci
 trap cleanup EXIT
 
-# 2. Daemons: dockerd (only if none answers; scripts/ci/docker.sh usually started it) and
-# a registry of our own on 127.0.0.1, storage in the scratch directory.
-docker_sock=/var/run/docker.sock
-if ! curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1; then
-  log "starting dockerd"
-  # The same runtimes as scripts/ci/docker.sh's daemon: the conformance suite below
-  # needs runsc and the runtimes that fail on purpose.
-  dockerd --config-file "$PWD/scripts/ci/dockerd.json" >"$work/dockerd.log" 2>&1 &
-  started_pids+=($!)
-  for _ in $(seq 1 300); do
-    curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-fi
+# 2. Daemons: the dockerd above (DOCKER_HOST for the docker CLI and airlock, and
+# AIRLOCK_DOCKER_SOCKET for the tests, name it) and a registry of our own on 127.0.0.1,
+# storage in the scratch directory.
+ci_dockerd_up
 registry_port="${AIRLOCK_CI_REGISTRY_PORT:-5077}"
 registry="127.0.0.1:$registry_port"
 mkdir -p "$work/registry"
@@ -153,7 +151,9 @@ if [ "$id" != "$id2" ]; then
 fi
 log "image $image_name@$id (rebuilt with the same digest)"
 
-# 5. Into Docker (same id there), the registry (pushed with skopeo, pulled by digest).
+# 5. Into Docker (same id there; `airlock image load` finds this run's dockerd by
+# DOCKER_HOST, the built-in policy's docker_socket being empty), the registry (pushed with
+# skopeo, pulled by digest).
 loaded=$("$airlock" image --store "$store" load "$image_name" --backend docker)
 [ "$loaded" = "$id" ] || { echo "docker has $loaded, the store $id" >&2; exit 1; }
 [ "$(docker image inspect "$image_name" --format '{{.Id}}')" = "$id" ]
@@ -175,7 +175,6 @@ export AIRLOCK_REQUIRE_ALL=1
 export AIRLOCK_TEST_OCI_STORE="$store" AIRLOCK_TEST_OCI_IMAGE="$image_name@$id"
 export AIRLOCK_TEST_OCI_BACKENDS=native,docker,gvisor
 export AIRLOCK_TEST_REGISTRY="$registry" AIRLOCK_TEST_REGISTRY_STORAGE="$work/registry"
-export AIRLOCK_DOCKER_SOCKET="$docker_sock"
 export AIRLOCK_TEST_OCI_SPEC="$work/python.toml"
 export AIRLOCK_TEST_DOCKER_SAVE="$work/debian-base.docker.tar" AIRLOCK_TEST_DOCKER_SAVE_IMAGE="$docker_base"
 status=0

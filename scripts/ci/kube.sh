@@ -7,9 +7,10 @@
 #      fake API server alone (no Docker; the library-level install, doctor and janitor
 #      tests against it run in the workspace run);
 #   3. the end-to-end tests through the fake cluster (a fake API server and a test kubelet
-#      running each Pod as a real container on the local Docker daemon), the `airlock`
-#      binary included: run it after scripts/ci/docker.sh, which starts dockerd and builds
-#      the test image (AIRLOCK_TEST_IMAGE is derived from it when unset);
+#      running each Pod as a real container on a Docker daemon of this run's own,
+#      scripts/ci/engines.sh), the `airlock` binary included: run it after
+#      scripts/ci/docker.sh, which builds the test image into that daemon's store
+#      (AIRLOCK_TEST_IMAGE is derived from it when unset);
 #   4. the conformance suite on `--backend kube` through the same fake cluster, run as a
 #      process of its own (airlock-kube's example fake_cluster) for the suite's duration,
 #      with airlock's seccomp profile installed on its "node" and the probe added to the
@@ -73,34 +74,15 @@ cargo nextest run --locked -p airlock-kube --run-ignored only --no-fail-fast -E 
 lap "build with the kube feature"
 
 # 3. End to end through the fake cluster on the local Docker daemon.
-socket="${AIRLOCK_DOCKER_SOCKET:-/var/run/docker.sock}"
-# docker.sh and images.sh stop the daemons they started; when none answers, start one
-# with docker.sh's configuration (its image store persists) and stop it at the end.
-started_dockerd=
-stop_dockerd() {
-  if [ -n "$started_dockerd" ]; then
-    kill "$started_dockerd" 2>/dev/null || true
-    wait "$started_dockerd" 2>/dev/null || true
-    started_dockerd=
-  fi
-}
+# This run's own dockerd (scripts/ci/engines.sh: its own socket, data root and
+# configuration, docker.sh's image store), stopped at the end; a daemon the host runs is
+# neither used nor touched.
+# shellcheck source=scripts/ci/engines.sh
+. scripts/ci/engines.sh
+stop_dockerd() { ci_engines_stop; }
 trap stop_dockerd EXIT
-if ! curl -sf --unix-socket "$socket" http://localhost/_ping >/dev/null 2>&1; then
-  daemon_json="$PWD/scripts/ci/dockerd.json"
-  if [ "$socket" != /var/run/docker.sock ]; then
-    echo "scripts/ci/kube.sh: no Docker daemon at $socket: run scripts/ci/docker.sh first" >&2
-    exit 1
-  fi
-  log "starting dockerd ($daemon_json)"
-  dockerd --config-file "$daemon_json" >"$cache/docker/dockerd-kube.log" 2>&1 &
-  started_dockerd=$!
-  for _ in $(seq 1 300); do
-    curl -sf --unix-socket "$socket" http://localhost/_ping >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  curl -sf --unix-socket "$socket" http://localhost/_ping >/dev/null 2>&1 \
-    || { tail -20 "$cache/docker/dockerd-kube.log" >&2; echo "dockerd did not start" >&2; exit 1; }
-fi
+ci_dockerd_up
+socket=$ci_docker_sock
 if ! DOCKER_HOST="unix://$socket" docker image inspect airlock-test:bookworm >/dev/null 2>&1 \
   && [ -s "$cache/docker/image.tar" ]; then
   DOCKER_HOST="unix://$socket" docker load -q -i "$cache/docker/image.tar" >/dev/null

@@ -69,26 +69,21 @@ pub struct DockerConfig {
 }
 
 impl DockerConfig {
-    /// The configuration a policy asks for.
-    pub fn from_policy(policy: &Policy, flavor: Flavor) -> Self {
+    /// The configuration a policy asks for; the Docker socket may come from `DOCKER_HOST`
+    /// ([`crate::engine::socket`]).
+    pub fn from_policy(policy: &Policy, flavor: Flavor) -> Result<Self, DockerError> {
         let docker = &policy.docker;
-        let (socket, runtime) = match flavor {
-            Flavor::Docker => (docker.docker_socket.clone(), Some(docker.runtime.clone())),
-            Flavor::Gvisor => (
-                docker.docker_socket.clone(),
-                Some(docker.gvisor_runtime.clone()),
-            ),
-            Flavor::Podman => (
-                docker.podman_socket.clone(),
-                Some(docker.podman_runtime.clone()).filter(|r| !r.is_empty()),
-            ),
+        let runtime = match flavor {
+            Flavor::Docker => Some(docker.runtime.clone()),
+            Flavor::Gvisor => Some(docker.gvisor_runtime.clone()),
+            Flavor::Podman => Some(docker.podman_runtime.clone()).filter(|r| !r.is_empty()),
         };
-        Self {
+        Ok(Self {
             flavor,
-            socket,
+            socket: crate::engine::socket(docker, flavor)?.path,
             runtime,
             runtime_dir: default_runtime_dir(),
-        }
+        })
     }
 }
 
@@ -796,7 +791,7 @@ impl Backend for DockerBackend {
 
 /// Opens the backend of `kind` for a policy, as an `Arc<dyn Backend>`.
 pub fn open(policy: &Policy, flavor: Flavor) -> Result<Arc<dyn Backend>, BackendError> {
-    let backend = DockerBackend::new(DockerConfig::from_policy(policy, flavor))?;
+    let backend = DockerBackend::new(DockerConfig::from_policy(policy, flavor)?)?;
     Ok(Arc::new(backend))
 }
 

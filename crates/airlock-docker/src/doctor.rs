@@ -20,10 +20,24 @@ fn check(control: &str, status: Status, detail: impl Into<String>, fix: Option<&
 /// What the `flavor` backend can do here under `policy`, one [`Check`] per item. Talks to
 /// the daemon (read-only requests: version, info, image inspect).
 pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
-    let config = DockerConfig::from_policy(policy, flavor);
     let prefix = flavor.as_str();
     let mut checks = Vec::new();
-    let socket = config.socket.display().to_string();
+    let (config, engine) = match DockerConfig::from_policy(policy, flavor)
+        .and_then(|config| Ok((config, crate::engine::socket(&policy.docker, flavor)?)))
+    {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            checks.push(check(
+                &format!("{prefix}: socket"),
+                Status::Missing,
+                e.to_string(),
+                None,
+            ));
+            return checks;
+        }
+    };
+    // Which daemon this is and why: DOCKER_HOST may point elsewhere than the policy's file.
+    let socket = format!("{} ({})", config.socket.display(), engine.source);
     if !config.socket.exists() {
         checks.push(check(
             &format!("{prefix}: socket"),
@@ -31,7 +45,7 @@ pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
             format!("{socket} does not exist"),
             Some(match flavor {
                 Flavor::Podman => "start the service: podman system service --time=0 unix:///run/podman/podman.sock, or set [docker] podman_socket",
-                Flavor::Docker | Flavor::Gvisor => "start dockerd, or set [docker] docker_socket",
+                Flavor::Docker | Flavor::Gvisor => "start dockerd, or set DOCKER_HOST=unix:///path or [docker] docker_socket",
             }),
         ));
         return checks;

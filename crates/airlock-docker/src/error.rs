@@ -20,12 +20,23 @@ pub enum DockerError {
     /// entry outside the policy's allowlist).
     #[error("egress proxy configuration: {0}")]
     ProxyConfig(String),
+    /// `DOCKER_HOST` names the daemon (the policy's `docker_socket` is empty) but is no
+    /// address airlock can use.
+    #[error(
+        "DOCKER_HOST={value:?}: {reason}; set DOCKER_HOST=unix:///path/to/docker.sock, or set [docker] docker_socket in the policy"
+    )]
+    DockerHost {
+        /// The variable's value.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
     /// The daemon's socket does not exist or cannot be used.
     #[error("connect to the {backend} daemon at {socket}")]
     Connect {
         /// `docker`, `podman` or `gvisor`.
         backend: &'static str,
-        /// The socket path from the policy.
+        /// The socket (the policy's, or `DOCKER_HOST`'s).
         socket: PathBuf,
         /// What the client said.
         source: bollard::errors::Error,
@@ -229,6 +240,7 @@ impl DockerError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             DockerError::Connect { .. }
+            | DockerError::DockerHost { .. }
             | DockerError::Version { .. }
             | DockerError::RuntimeMissing { .. }
             | DockerError::RuntimeNotHonoured { .. }

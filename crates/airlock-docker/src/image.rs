@@ -95,6 +95,7 @@ pub async fn check(
 }
 
 /// Loads an image archive (`docker save` layout) into the `flavor` daemon the policy names
+/// (for Docker, `DOCKER_HOST` when the policy leaves `docker_socket` empty)
 /// and checks that the daemon now holds `tag` as `expected_id` (`sha256:…`): Docker and
 /// Podman name an image by the sha256 of its config, as airlock does, so anything else is
 /// not the image that was built.
@@ -106,7 +107,7 @@ pub async fn load_archive(
     expected_id: &str,
 ) -> Result<(), DockerError> {
     let backend = flavor.as_str();
-    let socket = DockerConfig::from_policy(policy, flavor).socket;
+    let socket = DockerConfig::from_policy(policy, flavor)?.socket;
     let docker = crate::cleanup::connect(&socket).map_err(|source| DockerError::Connect {
         backend,
         socket: socket.clone(),

@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod cleanup;
 pub mod doctor;
+pub mod engine;
 pub mod error;
 pub mod image;
 pub mod netns;

@@ -102,3 +102,57 @@ fn doctor_fails_when_a_policy_cannot_be_honoured() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("MISSING"));
 }
+
+/// The Docker socket of `airlock doctor --backend docker` under `DOCKER_HOST`: the `docker:
+/// socket` check's detail.
+fn docker_socket_check(
+    env: &TestEnv,
+    docker_host: &str,
+    policy: Option<&std::path::Path>,
+) -> String {
+    let mut cmd = env.cmd();
+    cmd.args(["doctor", "--json", "--backend", "docker"])
+        .env("DOCKER_HOST", docker_host);
+    if let Some(policy) = policy {
+        cmd.arg("--policy").arg(policy);
+    }
+    let out = cmd.output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["control"] == "docker: socket")
+        .unwrap_or_else(|| panic!("no docker: socket check in {report:#}"));
+    assert_eq!(check["status"], "missing", "{check:#}");
+    check["detail"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn doctor_takes_the_docker_socket_from_docker_host_and_says_so() {
+    let env = TestEnv::new();
+    let socket = env.path().join("no-daemon.sock");
+    let detail = docker_socket_check(&env, &format!("unix://{}", socket.display()), None);
+    assert_eq!(
+        detail,
+        format!("{} (from DOCKER_HOST) does not exist", socket.display())
+    );
+    // A socket the policy names wins over DOCKER_HOST.
+    let pinned = env.path().join("pinned.sock");
+    let policy = env.policy(&format!(
+        "[docker]\ndocker_socket = {:?}",
+        pinned.display().to_string()
+    ));
+    let detail = docker_socket_check(&env, &format!("unix://{}", socket.display()), Some(&policy));
+    assert_eq!(
+        detail,
+        format!("{} (from the policy) does not exist", pinned.display())
+    );
+    // An address that is no local unix socket is refused by name, not passed over.
+    let detail = docker_socket_check(&env, "tcp://127.0.0.1:2375", None);
+    assert!(
+        detail.contains("DOCKER_HOST=\"tcp://127.0.0.1:2375\"") && detail.contains("unix socket"),
+        "{detail}"
+    );
+}

@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DockerPolicy {
-    /// The Docker daemon's socket, for `--backend docker` and `--backend gvisor`.
+    /// The Docker daemon's socket, for `--backend docker` and `--backend gvisor`. Empty
+    /// (the default): the caller's `DOCKER_HOST` (a `unix://` address), as for the docker
+    /// CLI, else [`DockerPolicy::DEFAULT_DOCKER_SOCKET`]; a path here wins over
+    /// `DOCKER_HOST`.
     pub docker_socket: PathBuf,
     /// Podman's Docker-compatible service socket (`podman system service`).
     pub podman_socket: PathBuf,
@@ -24,12 +27,17 @@ pub struct DockerPolicy {
 impl DockerPolicy {
     /// Longest runtime name.
     pub const RUNTIME_NAME_MAX_BYTES: usize = 64;
+    /// The Docker daemon's socket when `docker_socket` is empty and `DOCKER_HOST` unset.
+    pub const DEFAULT_DOCKER_SOCKET: &'static str = "/var/run/docker.sock";
 
     pub(super) fn check(&self) -> Result<(), (&'static str, String)> {
-        for (field, path) in [
-            ("docker_socket", &self.docker_socket),
-            ("podman_socket", &self.podman_socket),
+        for (field, path, may_be_empty) in [
+            ("docker_socket", &self.docker_socket, true),
+            ("podman_socket", &self.podman_socket, false),
         ] {
+            if path.as_os_str().is_empty() && may_be_empty {
+                continue;
+            }
             if !path.is_absolute() {
                 return Err((field, format!("{} is not an absolute path", path.display())));
             }
@@ -67,7 +75,7 @@ impl DockerPolicy {
 impl Default for DockerPolicy {
     fn default() -> Self {
         Self {
-            docker_socket: PathBuf::from("/var/run/docker.sock"),
+            docker_socket: PathBuf::new(),
             podman_socket: PathBuf::from("/run/podman/podman.sock"),
             runtime: "runc".to_owned(),
             gvisor_runtime: "runsc".to_owned(),
@@ -85,10 +93,7 @@ mod tests {
     #[test]
     fn docker_section_takes_defaults_and_overrides() {
         let p = Policy::builtin();
-        assert_eq!(
-            p.docker.docker_socket,
-            PathBuf::from("/var/run/docker.sock")
-        );
+        assert_eq!(p.docker.docker_socket, PathBuf::new());
         assert_eq!(
             p.docker.podman_socket,
             PathBuf::from("/run/podman/podman.sock")
