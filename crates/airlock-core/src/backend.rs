@@ -178,6 +178,14 @@ impl Teardown {
         self.0.is_none()
     }
 
+    /// The report of a [`Backend::run_then_teardown`] result once its removal has run:
+    /// what [`Backend::run`] returns. Every backend's `run` is this.
+    pub async fn removed<E>(ran: Result<(RunReport, Teardown), E>) -> Result<RunReport, E> {
+        let (report, teardown) = ran?;
+        teardown.run().await;
+        Ok(report)
+    }
+
     /// Removes what is left of the sandbox.
     pub async fn run(self) {
         if let Some(work) = self.0 {

@@ -298,9 +298,7 @@ impl DockerBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, DockerError> {
-        let (report, teardown) = self.run_job_then_teardown(job, tap).await?;
-        teardown.run().await;
-        Ok(report)
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
     }
 
     /// Like [`DockerBackend::run_job`], but returns once the container has exited (its

@@ -311,9 +311,7 @@ impl KubeBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, KubeError> {
-        let (report, teardown) = self.run_job_then_teardown(job, tap).await?;
-        teardown.run().await;
-        Ok(report)
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
     }
 
     /// Like [`KubeBackend::run_job`], but when the job's container ended by itself the

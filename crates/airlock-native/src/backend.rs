@@ -392,9 +392,7 @@ impl NativeBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, NativeError> {
-        let (report, teardown) = self.run_job_then_teardown(job, tap).await?;
-        teardown.run().await;
-        Ok(report)
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
     }
 
     /// Like [`NativeBackend::run_job_with`], but returns once the job's processes are gone

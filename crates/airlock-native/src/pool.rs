@@ -227,9 +227,7 @@ impl PooledNative {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, NativeError> {
-        let (report, teardown) = self.run_job_then_teardown(job, tap).await?;
-        teardown.run().await;
-        Ok(report)
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
     }
 
     /// Like [`PooledNative::run_job_with`], leaving the sandbox's removal to the returned
