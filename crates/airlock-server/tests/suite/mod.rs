@@ -5,4 +5,5 @@ mod load;
 mod shutdown;
 mod slow;
 mod sse;
+mod teardown;
 mod warm;
