@@ -129,6 +129,20 @@ pub trait Backend: Send + Sync {
         tap: Option<OutputTap>,
     ) -> BoxFuture<'a, Result<RunReport, BackendError>>;
 
+    /// Like [`Backend::run`], but returns as soon as the report is complete: every process
+    /// of the job is gone and its output and `/out` are drained. What is left of the
+    /// sandbox (its cgroup, mounts, job directory, container or pod) is removed by the
+    /// returned [`Teardown`], which the caller must run before it reuses the job's slot or
+    /// reports itself idle. On an error the sandbox is removed before this returns. A
+    /// backend without a separable removal keeps the default: `run`, then nothing left.
+    fn run_then_teardown<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>> {
+        Box::pin(async move { Ok((self.run(job, tap).await?, Teardown::none())) })
+    }
+
     /// Releases what the backend holds between jobs (sandboxes started ahead of time),
     /// before a server exits. Nothing by default.
     fn shutdown(&self) -> BoxFuture<'_, ()> {
@@ -138,6 +152,55 @@ pub trait Backend: Send + Sync {
     /// The warm pool's figures, when the backend keeps sandboxes started ahead of jobs.
     fn warm_pool(&self) -> Option<WarmPoolStats> {
         None
+    }
+}
+
+/// The removal of a finished job's sandbox, split off the reply path by
+/// [`Backend::run_then_teardown`]. Dropping it without running it still removes the
+/// sandbox, synchronously, through the drop guards of what it holds; a process that dies
+/// first leaves a stale sandbox that the backend sweeps at its next start.
+#[must_use = "a teardown that is never run leaves the removal to drop guards"]
+pub struct Teardown(Option<BoxFuture<'static, ()>>);
+
+impl Teardown {
+    /// Nothing left to remove.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// A removal that `work` performs.
+    pub fn new(work: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(Some(Box::pin(work)))
+    }
+
+    /// Whether there is anything to remove.
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The report of a [`Backend::run_then_teardown`] result once its removal has run:
+    /// what [`Backend::run`] returns. Every backend's `run` is this.
+    pub async fn removed<E>(ran: Result<(RunReport, Teardown), E>) -> Result<RunReport, E> {
+        let (report, teardown) = ran?;
+        teardown.run().await;
+        Ok(report)
+    }
+
+    /// Removes what is left of the sandbox.
+    pub async fn run(self) {
+        if let Some(work) = self.0 {
+            work.await;
+        }
+    }
+}
+
+impl fmt::Debug for Teardown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Teardown(pending)"
+        } else {
+            "Teardown(none)"
+        })
     }
 }
 

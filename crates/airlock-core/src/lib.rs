@@ -21,7 +21,7 @@ pub mod supervise;
 pub mod units;
 
 pub use backend::{
-    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, StreamKind,
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, StreamKind, Teardown,
     WarmPoolStats,
 };
 pub use error::{Error, ErrorKind};

@@ -14,7 +14,7 @@ use airlock_core::supervise::{
 };
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, OutputTap, RunReport,
-    StreamKind, Termination,
+    StreamKind, Teardown, Termination,
 };
 use airlock_host::ids::IdMapping;
 use airlock_host::jobdir::{JobDir, RuntimeDir};
@@ -298,6 +298,19 @@ impl DockerBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, DockerError> {
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
+    }
+
+    /// Like [`DockerBackend::run_job`], but returns once the container has exited (its
+    /// processes die with its pid namespace) and `/out` is released, leaving the removal of
+    /// the container, its v1 memory group and the job directory to the returned
+    /// [`Teardown`] (see [`Backend::run_then_teardown`]). On an error they are removed
+    /// before this returns.
+    pub async fn run_job_then_teardown(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<(RunReport, Teardown), DockerError> {
         let backend = self.config.flavor.as_str();
         let (reference, digest) = match &job.filesystem.rootfs {
             RootfsSpec::Image { reference, digest } => (reference.as_str(), digest.as_str()),
@@ -361,40 +374,53 @@ impl DockerBackend {
                 &mut created_id,
             )
             .await;
-        let removed = guard.remove(&ready.docker).await;
-        // The runtime removes the group with the container it started; one that never
-        // started leaves airlock's empty group behind.
-        if let (TcpAccounting::V1(groups), Some(id)) = (&ready.tcp, &created_id)
-            && let Err(e) = groups.remove(id)
-        {
-            tracing::warn!(container = %name, error = %e, "cannot remove the container's memory cgroup");
-        }
-        let released = match out {
-            Some(out) => {
-                let caps = OutCaps {
-                    max_files: job.filesystem.out.max_files,
-                    max_bytes: job.filesystem.out.max_bytes.as_u64(),
-                    max_file_bytes: job.filesystem.out.max_file_bytes.as_u64(),
-                };
-                Some(
-                    tokio::task::spawn_blocking(move || out.release(caps))
-                        .await
-                        .map_err(|e| DockerError::Task(format!("release task: {e}")))?,
-                )
-            }
-            None => None,
+        let leftovers = Leftovers {
+            docker: ready.docker.clone(),
+            tcp: ready.tcp.clone(),
+            guard,
+            created_id,
+            name,
+            jobdir,
         };
-        if let Err(e) = jobdir.remove() {
-            tracing::warn!(error = %e, "cannot remove the job directory");
+        let mut report = match ran {
+            Ok(report) => report,
+            Err(e) => {
+                // The container may still run: it goes before /out is unmounted.
+                let _ = leftovers.remove(out).await;
+                return Err(e);
+            }
+        };
+        // The container has exited and its processes died with its pid namespace, so
+        // nothing writes to /out any more.
+        if let Some(out) = out {
+            let caps = OutCaps {
+                max_files: job.filesystem.out.max_files,
+                max_bytes: job.filesystem.out.max_bytes.as_u64(),
+                max_file_bytes: job.filesystem.out.max_file_bytes.as_u64(),
+            };
+            let released = tokio::task::spawn_blocking(move || out.release(caps))
+                .await
+                .map_err(|e| DockerError::Task(format!("release task: {e}")))
+                .and_then(|released| released);
+            match released {
+                Ok(released) => {
+                    report.out_files = released.files;
+                    report.out_rejected = released.rejected;
+                }
+                Err(e) => {
+                    let _ = leftovers.remove(None).await;
+                    return Err(e);
+                }
+            }
         }
-        let mut report = ran?;
-        removed?;
-        if let Some(released) = released {
-            let released = released?;
-            report.out_files = released.files;
-            report.out_rejected = released.rejected;
-        }
-        Ok(report)
+        let job_id = job.id.clone();
+        let teardown = Teardown::new(async move {
+            match leftovers.remove(None).await {
+                Ok(()) => tracing::debug!(job_id = %job_id, "container removed"),
+                Err(e) => tracing::warn!(job_id = %job_id, error = %e, "container not removed"),
+            }
+        });
+        Ok((report, teardown))
     }
 
     /// Binds the proxy's socket in the network namespace of the started (and gated)
@@ -766,6 +792,37 @@ pub(crate) async fn next<S: Stream + Unpin + ?Sized>(stream: &mut S) -> Option<S
     std::future::poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
 }
 
+/// What is left of a job's sandbox once it ran: the container, its v1 memory group and
+/// the job directory.
+struct Leftovers {
+    docker: Docker,
+    tcp: TcpAccounting,
+    guard: ContainerGuard,
+    created_id: Option<String>,
+    name: String,
+    jobdir: JobDir,
+}
+
+impl Leftovers {
+    /// Removes the container, then unmounts `/out` if it is still mounted, then removes the
+    /// group and the directory. The first error is the container's removal.
+    async fn remove(self, out: Option<OutMount>) -> Result<(), DockerError> {
+        let removed = self.guard.remove(&self.docker).await;
+        drop(out);
+        // The runtime removes the group with the container it started; one that never
+        // started leaves airlock's empty group behind.
+        if let (TcpAccounting::V1(groups), Some(id)) = (&self.tcp, &self.created_id)
+            && let Err(e) = groups.remove(id)
+        {
+            tracing::warn!(container = %self.name, error = %e, "cannot remove the container's memory cgroup");
+        }
+        if let Err(e) = self.jobdir.remove() {
+            tracing::warn!(error = %e, "cannot remove the job directory");
+        }
+        removed
+    }
+}
+
 impl Backend for DockerBackend {
     fn kind(&self) -> BackendKind {
         self.config.flavor.kind()
@@ -786,6 +843,18 @@ impl Backend for DockerBackend {
         tap: Option<OutputTap>,
     ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
         Box::pin(async move { self.run_job(job, tap).await.map_err(BackendError::from) })
+    }
+
+    fn run_then_teardown<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>> {
+        Box::pin(async move {
+            self.run_job_then_teardown(job, tap)
+                .await
+                .map_err(BackendError::from)
+        })
     }
 }
 

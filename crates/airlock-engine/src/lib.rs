@@ -12,11 +12,14 @@ pub mod out_dir;
 pub mod redaction;
 pub mod seccomp;
 pub mod sessions;
+pub mod teardowns;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tracing::Instrument;
+
+use crate::teardowns::{PendingTeardown, Teardowns};
 
 use airlock_core::audit::{AuditContext, AuditRecord};
 use airlock_core::policy::{BUILTIN_ORIGIN, Policy};
@@ -109,7 +112,11 @@ pub struct Engine {
     backend: Result<Arc<dyn Backend>, BackendError>,
     audit: AuditLog,
     redactor: redaction::PendingRedactor,
+    teardowns: Teardowns,
 }
+
+/// Longest wait at [`Engine::shutdown`] for the sandboxes of finished jobs to be removed.
+pub const SHUTDOWN_TEARDOWN_WAIT: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -135,6 +142,7 @@ impl Engine {
             backend_kind,
             backend,
             audit,
+            teardowns: Teardowns::new(),
         }
     }
 
@@ -195,8 +203,21 @@ impl Engine {
         self.backend.as_ref().ok().and_then(|b| b.warm_pool())
     }
 
-    /// Releases what the backend holds between jobs (warm sandboxes), before exiting.
+    /// The removals of finished jobs' sandboxes still under way.
+    pub fn teardowns(&self) -> &Teardowns {
+        &self.teardowns
+    }
+
+    /// Waits (up to [`SHUTDOWN_TEARDOWN_WAIT`]) for the sandboxes of finished jobs to be
+    /// removed, then releases what the backend holds between jobs (warm sandboxes), before
+    /// exiting.
     pub async fn shutdown(&self) {
+        if !self.teardowns.wait_idle(SHUTDOWN_TEARDOWN_WAIT).await {
+            tracing::warn!(
+                pending = self.teardowns.pending(),
+                "sandboxes of finished jobs not yet removed at shutdown; the next start sweeps them"
+            );
+        }
         if let Ok(backend) = &self.backend {
             backend.shutdown().await;
         }
@@ -216,7 +237,8 @@ impl Engine {
 
     /// Like [`Engine::run_with`], but when `interrupt` completes first (a signal, a server
     /// shutdown) the job is killed and its sandbox removed, and the observation is an
-    /// `internal` error naming the reason. The job is audited either way.
+    /// `internal` error naming the reason. The job is audited either way. Returns once the
+    /// sandbox is removed.
     pub async fn run_until(
         &self,
         request: JobRequest,
@@ -224,21 +246,37 @@ impl Engine {
         interrupt: impl std::future::Future<Output = String>,
         sink: Option<OutputSink>,
     ) -> JobResult {
-        self.run_until_with(request, tenant, None, interrupt, sink)
+        let (result, teardown) = self.run_detached(request, tenant, interrupt, sink).await;
+        teardown.wait().await;
+        result
+    }
+
+    /// Like [`Engine::run_until`], but returns as soon as the observation is complete (the
+    /// job's processes are gone, its output and `/out` drained), with the removal of its
+    /// sandbox still under way in the returned [`PendingTeardown`]. A caller that admits
+    /// jobs holds the job's slot until that removal is done.
+    pub async fn run_detached(
+        &self,
+        request: JobRequest,
+        tenant: Option<String>,
+        interrupt: impl std::future::Future<Output = String>,
+        sink: Option<OutputSink>,
+    ) -> (JobResult, PendingTeardown) {
+        self.run_detached_with(request, tenant, None, interrupt, sink)
             .await
     }
 
-    /// Like [`Engine::run_until`]; a `wall_time` replaces the resolved one after the
+    /// Like [`Engine::run_detached`]; a `wall_time` replaces the resolved one after the
     /// request passed the policy's checks. Only the session manager sets it: a kernel
     /// session's one job lives for the session's `ttl`, and a call never outlives it.
-    pub(crate) async fn run_until_with(
+    pub(crate) async fn run_detached_with(
         &self,
         request: JobRequest,
         tenant: Option<String>,
         wall_time: Option<std::time::Duration>,
         interrupt: impl std::future::Future<Output = String>,
         sink: Option<OutputSink>,
-    ) -> JobResult {
+    ) -> (JobResult, PendingTeardown) {
         let received_at = SystemTime::now();
         let started = Instant::now();
         let mut context = AuditContext {
@@ -255,6 +293,7 @@ impl Engine {
             files: Vec::new(),
             connections: Vec::new(),
         };
+        let mut teardown = PendingTeardown::done();
         let result = match request.resolve(&self.policy) {
             Err(e) => {
                 tracing::info!(kind = %e.kind(), error = %e, "request refused");
@@ -288,6 +327,8 @@ impl Engine {
                 // and their lines would carry this job's id.
                 let span =
                     tracing::info_span!("job", job_id = %spec.id, backend = %self.backend_kind);
+                let teardown = &mut teardown;
+                let job_span = span.clone();
                 async { match &self.backend {
                     Err(e) => error_result(Observation::error(
                         spec.id.clone(),
@@ -297,11 +338,14 @@ impl Engine {
                         e.message.clone(),
                     )),
                     Ok(backend) => match tokio::select! {
-                        result = backend.run(&spec, streaming.as_ref().map(redaction::Streaming::tap)) => {
+                        result = backend.run_then_teardown(&spec, streaming.as_ref().map(redaction::Streaming::tap)) => {
                             if let Some(streaming) = &streaming {
                                 streaming.flush();
                             }
-                            result
+                            result.map(|(report, removal)| {
+                                *teardown = self.teardowns.start(removal, job_span);
+                                report
+                            })
                         }
                         // Dropping the backend's future kills the sandbox and removes it.
                         reason = interrupt => Err(BackendError::new(
@@ -343,7 +387,7 @@ impl Engine {
             // The job ran; losing its result would not make the log whole again.
             tracing::error!(error = %e, source = ?std::error::Error::source(&e), "audit line not written");
         }
-        result
+        (result, teardown)
     }
 }
 
@@ -401,6 +445,105 @@ mod tests {
         ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
             Box::pin(async { Err(BackendError::new(ErrorKind::BackendUnavailable, "down")) })
         }
+    }
+
+    /// Jobs exit 0 at once; each sandbox's removal ends when the test sets `removed`.
+    struct SlowRemoval {
+        removed: Arc<tokio::sync::Notify>,
+    }
+    impl Backend for SlowRemoval {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Native
+        }
+        fn capabilities(&self) -> Capabilities {
+            Refusing.capabilities()
+        }
+        fn run<'a>(
+            &'a self,
+            _job: &'a JobSpec,
+            _tap: Option<OutputTap>,
+        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+            Box::pin(async { panic!("the engine runs jobs with run_then_teardown") })
+        }
+        fn run_then_teardown<'a>(
+            &'a self,
+            _job: &'a JobSpec,
+            _tap: Option<OutputTap>,
+        ) -> BoxFuture<'a, Result<(RunReport, airlock_core::Teardown), BackendError>> {
+            let removed = self.removed.clone();
+            Box::pin(async move {
+                let report = RunReport {
+                    termination: airlock_core::Termination::Exited(0),
+                    limit_hit: None,
+                    oom_kills: 0,
+                    stdout: Default::default(),
+                    stderr: Default::default(),
+                    duration: Duration::ZERO,
+                    setup: Duration::ZERO,
+                    cpu_time: None,
+                    peak_memory_bytes: None,
+                    image_digest: None,
+                    degraded: Vec::new(),
+                    out_files: Vec::new(),
+                    out_rejected: Vec::new(),
+                    network: None,
+                };
+                Ok((
+                    report,
+                    airlock_core::Teardown::new(async move { removed.notified().await }),
+                ))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn run_waits_for_the_removal_run_detached_does_not_and_shutdown_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let removed = Arc::new(tokio::sync::Notify::new());
+        let engine = Arc::new(Engine::new(
+            Policy::builtin(),
+            BackendKind::Native,
+            Ok(Arc::new(SlowRemoval {
+                removed: removed.clone(),
+            })),
+            AuditLog::open(&dir.path().join("audit.jsonl"), true).unwrap(),
+        ));
+        let request = || JobRequest {
+            language: "python".into(),
+            source: b"pass".to_vec(),
+            ..Default::default()
+        };
+        // Detached: the observation comes while the removal is still under way.
+        let (result, pending) = engine
+            .run_detached(request(), None, std::future::pending(), None)
+            .await;
+        assert!(result.observation.ok, "{:?}", result.observation);
+        assert_eq!(engine.teardowns().pending(), 1);
+        assert!(!pending.is_done());
+        // Shutdown waits for it.
+        let shutdown = {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.shutdown().await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !shutdown.is_finished(),
+            "shutdown did not wait for the removal"
+        );
+        removed.notify_one();
+        pending.wait().await;
+        shutdown.await.unwrap();
+        assert_eq!(engine.teardowns().pending(), 0);
+        // Attached: `run` returns only after the removal.
+        let run = {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.run(request()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!run.is_finished(), "run did not wait for the removal");
+        removed.notify_one();
+        assert!(run.await.unwrap().observation.ok);
+        assert_eq!(engine.teardowns().pending(), 0);
     }
 
     fn engine(dir: &Path) -> Engine {

@@ -41,6 +41,7 @@ use airlock_host::workspace::{Workspace, WorkspaceEntry};
 use tokio::sync::{oneshot, watch};
 
 use crate::Engine;
+use crate::teardowns::PendingTeardown;
 
 /// The Python program a kernel session's sandbox runs: reads calls from
 /// `/work/.airlock/call-N.py` (started by `call-N.go`, which holds the call's wall time in
@@ -187,6 +188,10 @@ struct CallState {
     kernel: Option<Kernel>,
     /// Why the kernel died, until the next call reports it.
     died: Option<String>,
+    /// The removal of the last workspace call's sandbox: a call's answer does not wait
+    /// for it, the next call and the session's end do (a session holds at most one
+    /// sandbox, live or being removed).
+    removal: Option<PendingTeardown>,
 }
 
 struct Session {
@@ -407,6 +412,7 @@ impl SessionManager {
                 state: tokio::sync::Mutex::new(CallState {
                     kernel: None,
                     died: None,
+                    removal: None,
                 }),
                 ending: watch::channel(None).0,
             });
@@ -467,6 +473,9 @@ impl SessionManager {
         let mut state = session.state.lock().await;
         if let Some(kernel) = state.kernel.take() {
             stop_kernel(kernel, reason).await;
+        }
+        if let Some(removal) = state.removal.take() {
+            removal.wait().await;
         }
         drop(state);
         let workspace = session
@@ -594,7 +603,14 @@ impl SessionManager {
         let wall = asked.min(session.remaining());
         let started = Instant::now();
         let result = match session.policy.mode {
-            SessionMode::Workspace => run_workspace_call(&session, number, call, wall).await,
+            SessionMode::Workspace => {
+                if let Some(removal) = state.removal.take() {
+                    removal.wait().await;
+                }
+                let (result, removal) = run_workspace_call(&session, number, call, wall).await;
+                state.removal = Some(removal);
+                result
+            }
             SessionMode::Kernel => run_kernel_call(&session, &mut state, number, call, wall).await,
         };
         session.touch();
@@ -661,7 +677,7 @@ async fn run_workspace_call(
     number: u64,
     call: SessionCall,
     wall: Duration,
-) -> Result<SessionRunResult, SessionError> {
+) -> (Result<SessionRunResult, SessionError>, PendingTeardown) {
     let engine = &session.engine;
     let language = call
         .language
@@ -676,8 +692,8 @@ async fn run_workspace_call(
         workspace: Some(session.workspace_path.clone()),
         ..Default::default()
     };
-    let result = engine
-        .run_until_with(
+    let (result, removal) = engine
+        .run_detached_with(
             request,
             Some(session.tenant.clone()),
             Some(wall),
@@ -685,14 +701,15 @@ async fn run_workspace_call(
             None,
         )
         .await;
-    Ok(SessionRunResult {
+    let answer = SessionRunResult {
         session_id: session.id.clone(),
         call: number,
         observation: result.observation,
         value: None,
         error: None,
         kernel_restarted: None,
-    })
+    };
+    (Ok(answer), removal)
 }
 
 /// Starts the session's kernel job and waits for its interpreter to be ready.
@@ -718,8 +735,8 @@ async fn start_kernel(
     let tenant = session.tenant.clone();
     let wall = session.remaining();
     let task = tokio::spawn(async move {
-        let result = engine
-            .run_until_with(
+        let (result, removal) = engine
+            .run_detached_with(
                 request,
                 Some(tenant),
                 Some(wall),
@@ -731,7 +748,10 @@ async fn start_kernel(
                 None,
             )
             .await;
+        // Told before the removal: a dead kernel is reported at once; stop_kernel, which
+        // awaits this task, still returns only once its sandbox is gone.
         done_tx.send_replace(Some(result.observation));
+        removal.wait().await;
     });
     let kernel = Kernel {
         kill: Some(kill_tx),

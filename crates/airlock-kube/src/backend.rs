@@ -11,7 +11,7 @@ use airlock_core::supervise::{
 };
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
-    RunReport, StreamKind, Termination,
+    RunReport, StreamKind, Teardown, Termination,
 };
 use futures_util::io::{AsyncBufRead, AsyncReadExt};
 use futures_util::stream::{BoxStream, StreamExt};
@@ -311,6 +311,18 @@ impl KubeBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, KubeError> {
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
+    }
+
+    /// Like [`KubeBackend::run_job`], but when the job's container ended by itself the
+    /// Pod's deletion is left to the returned [`Teardown`] (see
+    /// [`Backend::run_then_teardown`]). A job killed by a limit, or one that failed, is
+    /// deleted before this returns: deleting its Pod is what stops it.
+    pub async fn run_job_then_teardown(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<(RunReport, Teardown), KubeError> {
         let degraded = check_degraded(&self.kube)?;
         self.check_supported(job)?;
         let manifest = self.manifest(job)?;
@@ -345,15 +357,32 @@ impl KubeBackend {
         let ran = self
             .follow(job, tap, client, &api, &created, setup_started, &object)
             .await;
+        let job_id = job.id.clone();
         // Write 2 of 2, whatever happened.
-        let deleted = guard.delete(&api).await;
-        let mut report = ran?;
-        if let Err(e) = deleted {
-            tracing::warn!(job_id = %job.id, error = %e, "job pod not removed; the janitor will");
-        }
+        let delete = async move {
+            if let Err(e) = guard.delete(&api).await {
+                tracing::warn!(job_id = %job_id, error = %e, "job pod not removed; the janitor will");
+            } else {
+                tracing::debug!(job_id = %job_id, "pod deleted");
+            }
+        };
+        let (mut report, ended_by_itself) = match ran {
+            Ok(ran) => ran,
+            Err(e) => {
+                delete.await;
+                return Err(e);
+            }
+        };
         report.image_digest = Some(digest);
         report.degraded = degraded;
-        Ok(report)
+        let teardown = if ended_by_itself {
+            Teardown::new(delete)
+        } else {
+            // Killed by a limit: the Pod's deletion is what stops it, before the report.
+            delete.await;
+            Teardown::none()
+        };
+        Ok((report, teardown))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -366,7 +395,7 @@ impl KubeBackend {
         created: &Pod,
         setup_started: Instant,
         object: &str,
-    ) -> Result<RunReport, KubeError> {
+    ) -> Result<(RunReport, bool), KubeError> {
         let name = pod::pod_name(job);
         let mut watch = PodWatch::new(api, &name, created);
         let start_deadline =
@@ -467,7 +496,10 @@ impl KubeBackend {
             }
         };
         let limit_hit = limit_hit.or(deadline_hit.then_some(LimitHit::Timeout));
-        Ok(RunReport {
+        // The container ended by itself (no limit, no kill by deleting the Pod), so
+        // nothing of the job runs any more and the Pod's deletion can wait.
+        let ended_by_itself = supervised.exit.is_some() && limit_hit.is_none();
+        let report = RunReport {
             termination,
             limit_hit,
             oom_kills: u64::from(oom),
@@ -482,7 +514,8 @@ impl KubeBackend {
             out_files: Vec::new(),
             out_rejected: Vec::new(),
             network: None,
-        })
+        };
+        Ok((report, ended_by_itself))
     }
 }
 
@@ -956,6 +989,18 @@ impl Backend for KubeBackend {
         tap: Option<OutputTap>,
     ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
         Box::pin(async move { self.run_job(job, tap).await.map_err(BackendError::from) })
+    }
+
+    fn run_then_teardown<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>> {
+        Box::pin(async move {
+            self.run_job_then_teardown(job, tap)
+                .await
+                .map_err(BackendError::from)
+        })
     }
 }
 

@@ -602,8 +602,13 @@ impl Executor for EngineExecutor {
                         _ = gone => "the call was cancelled".to_owned(),
                     }
                 };
-                let result = engine.run_until(request, tenant, interrupt, None).await;
-                drop(permit);
+                let (result, teardown) =
+                    engine.run_detached(request, tenant, interrupt, None).await;
+                // The slot is free once the sandbox is removed; the reply does not wait.
+                tokio::spawn(async move {
+                    teardown.wait().await;
+                    drop(permit);
+                });
                 result
             });
             match task.await {

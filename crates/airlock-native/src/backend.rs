@@ -17,7 +17,7 @@ use airlock_core::policy::{CgroupParent, DegradedControl, NetworkMode, Policy, R
 use airlock_core::supervise::{JobOutput, Kill, PipeSource, Sandbox, Supervision, supervise};
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobSpec, LimitHit, OutputTap,
-    RunReport, Termination,
+    RunReport, Teardown, Termination,
 };
 use airlock_sys::seccomp::CompiledSeccomp;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -392,6 +392,17 @@ impl NativeBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, NativeError> {
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
+    }
+
+    /// Like [`NativeBackend::run_job_with`], but returns once the job's processes are gone
+    /// and its report is built, leaving the removal of the cgroup and the job directory to
+    /// the returned [`Teardown`] (see [`Backend::run_then_teardown`]).
+    pub async fn run_job_then_teardown(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<(RunReport, Teardown), NativeError> {
         self.check_supported(job)?;
         let proxy_config = proxy_config(job)?;
         tracing::debug!(job_id = %job.id, "creating sandbox");
@@ -406,7 +417,7 @@ impl NativeBackend {
             Ok(launched) => self.finish(job, launched, tap, proxy_config, None).await,
             Err(e) => Err(e),
         };
-        tracing::debug!(job_id = %job.id, "job over; tearing down");
+        tracing::debug!(job_id = %job.id, "job over; ending its processes");
         self.conclude(job, supervised, cgroup, jobdir, Duration::ZERO)
             .await
     }
@@ -428,10 +439,12 @@ impl NativeBackend {
         })
     }
 
-    /// Tears the sandbox down, whatever happened (kills what is left, reads the
-    /// accounting, removes the cgroup and the job directory), releases `/out`, and builds
-    /// the report. `cpu_before` is CPU time the group had used before the job was
-    /// delivered (a warm sandbox's start), left out of the job's figure.
+    /// Ends the job, whatever happened: kills what is left of its processes and waits for
+    /// them to be gone, reads the accounting, releases `/out`, and builds the report. The
+    /// cgroup and the job directory are then removed by the returned [`Teardown`]; on an
+    /// error, or when a process outlived the kill, they are removed before this returns.
+    /// `cpu_before` is CPU time the group had used before the job was delivered (a warm
+    /// sandbox's start), left out of the job's figure.
     pub(crate) async fn conclude(
         &self,
         job: &JobSpec,
@@ -439,14 +452,46 @@ impl NativeBackend {
         cgroup: Option<JobCgroup>,
         jobdir: JobDir,
         cpu_before: Duration,
-    ) -> Result<RunReport, NativeError> {
+    ) -> Result<(RunReport, Teardown), NativeError> {
         // Blocking work, off the async threads.
-        let teardown = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
-        tracing::debug!(job_id = %job.id, "torn down");
-        let stats = match teardown {
-            Ok(Ok(stats)) => stats,
-            Ok(Err(e)) => return Err(e),
-            Err(join) => return Err(NativeError::Helper(format!("teardown task: {join}"))),
+        let ended = tokio::task::spawn_blocking(move || {
+            let ended = end_processes(cgroup.as_ref());
+            (ended, cgroup)
+        })
+        .await;
+        let (ended, cgroup) = match ended {
+            Ok(ended) => ended,
+            Err(join) => return Err(NativeError::Helper(format!("end-of-job task: {join}"))),
+        };
+        let stats = match (ended, supervised.as_ref()) {
+            (
+                Ok(Ended {
+                    stats,
+                    all_gone: true,
+                }),
+                Ok(_),
+            ) => stats,
+            (ended, _) => {
+                // Nothing to report, or processes the report could not wait for: the
+                // sandbox goes now, and the first error is the job's.
+                let removed = removal(cgroup, jobdir).await;
+                supervised?;
+                ended?;
+                removed?;
+                return Err(NativeError::Helper(
+                    "a process of the job outlived its kill; the sandbox was removed".into(),
+                ));
+            }
+        };
+        let teardown = {
+            let job_id = job.id.clone();
+            Teardown::new(async move {
+                if let Err(e) = removal(cgroup, jobdir).await {
+                    tracing::warn!(job_id = %job_id, error = %e, "sandbox not fully removed");
+                } else {
+                    tracing::debug!(job_id = %job_id, "sandbox removed");
+                }
+            })
         };
         let mut supervised = supervised?;
         let released = match supervised.out_dir.take() {
@@ -477,7 +522,7 @@ impl NativeBackend {
                 0,
             ),
         };
-        Ok(RunReport {
+        let report = RunReport {
             termination: supervised.termination,
             limit_hit: supervised.limit_hit,
             oom_kills,
@@ -496,7 +541,8 @@ impl NativeBackend {
             out_files: released.files,
             out_rejected: released.rejected,
             network: supervised.network,
-        })
+        };
+        Ok((report, teardown))
     }
 
     /// Starts the helper with `plan` and waits until the program has started (phase 1:
@@ -860,26 +906,61 @@ pub(crate) struct Supervised {
     pub(crate) setup: Duration,
 }
 
+/// What is known once a job's processes were ended.
+pub(crate) struct Ended {
+    /// The cgroup's accounting (`None` without a cgroup).
+    stats: Option<JobStats>,
+    /// Whether the group emptied within [`TEARDOWN_WAIT`].
+    all_gone: bool,
+}
+
+/// Kills every process left in the job's cgroup, waits for the group to empty and reads
+/// its accounting. Without a cgroup the processes ended with the init's pid namespace.
+pub(crate) fn end_processes(cgroup: Option<&JobCgroup>) -> Result<Ended, NativeError> {
+    let Some(cgroup) = cgroup else {
+        return Ok(Ended {
+            stats: None,
+            all_gone: true,
+        });
+    };
+    let killed = cgroup.kill_all();
+    let all_gone = cgroup.wait_empty(TEARDOWN_WAIT).unwrap_or(false);
+    let stats = cgroup.stats();
+    killed?;
+    Ok(Ended {
+        stats: Some(stats?),
+        all_gone,
+    })
+}
+
+/// Removes the cgroup and the job directory of a sandbox whose processes were ended.
+pub(crate) fn remove_sandbox(cgroup: Option<JobCgroup>, jobdir: JobDir) -> Result<(), NativeError> {
+    let removed = cgroup.map(JobCgroup::remove).transpose();
+    if let Err(e) = jobdir.remove() {
+        tracing::warn!(error = %e, "cannot remove job directory");
+    }
+    removed?;
+    Ok(())
+}
+
+/// [`remove_sandbox`] off the async threads.
+async fn removal(cgroup: Option<JobCgroup>, jobdir: JobDir) -> Result<(), NativeError> {
+    tokio::task::spawn_blocking(move || remove_sandbox(cgroup, jobdir))
+        .await
+        .map_err(|join| NativeError::Helper(format!("removal task: {join}")))?
+}
+
+/// Ends the processes and removes the sandbox in one go, for sandboxes that never ran a
+/// job (a warm sandbox discarded, or one that failed to start).
 pub(crate) fn teardown(
     cgroup: Option<JobCgroup>,
     jobdir: JobDir,
 ) -> Result<Option<JobStats>, NativeError> {
-    let stats = match cgroup {
-        Some(cgroup) => {
-            let killed = cgroup.kill_all();
-            let _ = cgroup.wait_empty(TEARDOWN_WAIT);
-            let stats = cgroup.stats();
-            let removed = cgroup.remove();
-            killed?;
-            removed?;
-            Some(stats?)
-        }
-        None => None,
-    };
-    if let Err(e) = jobdir.remove() {
-        tracing::warn!(error = %e, "cannot remove job directory");
-    }
-    Ok(stats)
+    let ended = end_processes(cgroup.as_ref());
+    let removed = remove_sandbox(cgroup, jobdir);
+    let ended = ended?;
+    removed?;
+    Ok(ended.stats)
 }
 
 /// What is weaker without a cgroup, as listed in observations and audit lines.
@@ -1077,6 +1158,18 @@ impl Backend for NativeBackend {
     ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
         Box::pin(async move {
             self.run_job_with(job, tap)
+                .await
+                .map_err(BackendError::from)
+        })
+    }
+
+    fn run_then_teardown<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>> {
+        Box::pin(async move {
+            self.run_job_then_teardown(job, tap)
                 .await
                 .map_err(BackendError::from)
         })

@@ -20,7 +20,7 @@ use airlock_cgroup::{CpuPriority, JobCgroup};
 use airlock_core::policy::NetworkMode;
 use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, JobId, JobSpec, OutputTap,
-    RunReport, WarmPoolStats,
+    RunReport, Teardown, WarmPoolStats,
 };
 use tokio::sync::Notify;
 
@@ -227,15 +227,26 @@ impl PooledNative {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<RunReport, NativeError> {
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
+    }
+
+    /// Like [`PooledNative::run_job_with`], leaving the sandbox's removal to the returned
+    /// [`Teardown`]; the refill is woken once that removal is done, so that starting the
+    /// next sandbox competes neither with the job nor with its cleanup.
+    pub async fn run_job_then_teardown(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<(RunReport, Teardown), NativeError> {
         let shared = &self.shared;
         if !fits(&shared.template, job) {
             shared.counters.unfit.fetch_add(1, Ordering::Relaxed);
-            return shared.backend.run_job_with(job, tap).await;
+            return shared.backend.run_job_then_teardown(job, tap).await;
         }
         let Some(warm) = self.take().await else {
             shared.counters.misses.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(job_id = %job.id, "no warm sandbox ready; starting one for the job");
-            return shared.backend.run_job_with(job, tap).await;
+            return shared.backend.run_job_then_teardown(job, tap).await;
         };
         // The sandbox waited in the background; the job runs at normal priority, or in a
         // fresh sandbox if that cannot be had.
@@ -247,13 +258,24 @@ impl PooledNative {
             shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
             discard(warm).await;
             shared.wake.notify_one();
-            return shared.backend.run_job_with(job, tap).await;
+            return shared.backend.run_job_then_teardown(job, tap).await;
         }
         shared.counters.hits.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(job_id = %job.id, sandbox = %warm.name, "job delivered to a warm sandbox");
-        let report = self.deliver(job, tap, warm).await;
-        shared.wake.notify_one();
-        report
+        match self.deliver(job, tap, warm).await {
+            Ok((report, removal)) => {
+                let shared = self.shared.clone();
+                let teardown = Teardown::new(async move {
+                    removal.run().await;
+                    shared.wake.notify_one();
+                });
+                Ok((report, teardown))
+            }
+            Err(e) => {
+                shared.wake.notify_one();
+                Err(e)
+            }
+        }
     }
 
     /// The oldest ready sandbox that is still alive. The refill is woken when the pool is
@@ -285,7 +307,7 @@ impl PooledNative {
         job: &JobSpec,
         tap: Option<OutputTap>,
         warm: Warm,
-    ) -> Result<RunReport, NativeError> {
+    ) -> Result<(RunReport, Teardown), NativeError> {
         let backend = &self.shared.backend;
         let delivered_at = Instant::now();
         let Warm {
@@ -361,6 +383,18 @@ impl Backend for PooledNative {
     ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
         Box::pin(async move {
             self.run_job_with(job, tap)
+                .await
+                .map_err(BackendError::from)
+        })
+    }
+
+    fn run_then_teardown<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>> {
+        Box::pin(async move {
+            self.run_job_then_teardown(job, tap)
                 .await
                 .map_err(BackendError::from)
         })

@@ -475,13 +475,23 @@ impl Admitted {
             }
         };
         let started = Instant::now();
-        let result = self
+        let (result, teardown) = self
             .engine
             .engine
-            .run_until(request, self.tenant.clone(), interrupt, sink)
+            .run_detached(request, self.tenant.clone(), interrupt, sink)
             .await;
         self.metrics
             .job_finished(&result.observation, started.elapsed().as_secs_f64());
+        // The reply goes now; the job's slot and its count in `jobs_in_flight` are given
+        // back only once its sandbox is removed.
+        if teardown.is_done() {
+            drop(self);
+        } else {
+            tokio::spawn(async move {
+                teardown.wait().await;
+                drop(self);
+            });
+        }
         result
     }
 }
@@ -601,6 +611,48 @@ mod tests {
     /// A backend whose jobs take `delay` and exit 0.
     struct Sleepy {
         delay: Duration,
+    }
+
+    /// A backend whose jobs exit at once and whose sandboxes are removed only when the
+    /// test opens the job's gate (one per job, in order).
+    struct SlowRemoval {
+        gates: std::sync::Mutex<Vec<tokio::sync::oneshot::Receiver<()>>>,
+    }
+
+    impl Backend for SlowRemoval {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Native
+        }
+        fn capabilities(&self) -> Capabilities {
+            Sleepy {
+                delay: Duration::ZERO,
+            }
+            .capabilities()
+        }
+        fn run<'a>(
+            &'a self,
+            _job: &'a JobSpec,
+            _tap: Option<airlock_core::OutputTap>,
+        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+            Box::pin(async { panic!("the server runs jobs with run_then_teardown") })
+        }
+        fn run_then_teardown<'a>(
+            &'a self,
+            job: &'a JobSpec,
+            tap: Option<airlock_core::OutputTap>,
+        ) -> BoxFuture<'a, Result<(RunReport, airlock_core::Teardown), BackendError>> {
+            Box::pin(async move {
+                let sleepy = Sleepy {
+                    delay: Duration::ZERO,
+                };
+                let report = sleepy.run(job, tap).await?;
+                let gate = self.gates.lock().unwrap().remove(0);
+                let teardown = airlock_core::Teardown::new(async move {
+                    let _ = gate.await;
+                });
+                Ok((report, teardown))
+            })
+        }
     }
 
     impl Backend for Sleepy {
@@ -770,5 +822,67 @@ mod tests {
         tx.send(Phase::Killing).unwrap();
         let obs = running.await.observation;
         assert_eq!(obs.error.unwrap().kind, ErrorKind::Internal);
+    }
+
+    #[tokio::test]
+    async fn a_result_does_not_wait_for_its_sandbox_removal_but_the_slot_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut policy = LoadedPolicy::builtin();
+        policy.policy.audit.path = dir.path().join("audit.jsonl");
+        let (_tx, rx) = watch::channel(Phase::Serving);
+        let (open_first, first) = tokio::sync::oneshot::channel();
+        let (open_second, second) = tokio::sync::oneshot::channel();
+        let gates = std::sync::Mutex::new(vec![first, second]);
+        let backend: Arc<dyn Backend> = Arc::new(SlowRemoval { gates });
+        let factory = move |_: &LoadedPolicy| -> Result<Arc<dyn Backend>, BackendError> {
+            Ok(backend.clone())
+        };
+        let runner = Arc::new(
+            Runner::new(
+                policy,
+                BackendKind::Native,
+                &[],
+                Admission {
+                    max_in_flight: 1,
+                    queue: 5,
+                    queue_wait_max: Duration::from_secs(30),
+                },
+                Arc::new(Metrics::new()),
+                rx,
+                &factory,
+            )
+            .unwrap(),
+        );
+        let result = tokio::time::timeout(Duration::from_secs(10), runner.run(None, job(), None))
+            .await
+            .expect("the reply waited for the sandbox's removal")
+            .unwrap();
+        assert!(result.observation.ok);
+        // Still counted, and its slot still taken, until the removal is done.
+        assert_eq!(runner.in_flight(), 1);
+        let next = {
+            let runner = runner.clone();
+            tokio::spawn(async move { runner.run(None, job(), None).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            runner.queued(),
+            1,
+            "the second job took a slot still being cleaned"
+        );
+        open_first.send(()).unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("the slot was not given back after the removal")
+            .unwrap()
+            .unwrap();
+        assert!(second.observation.ok);
+        open_second.send(()).unwrap();
+        let start = Instant::now();
+        while runner.in_flight() != 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "never idle");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(runner.queued(), 0);
     }
 }

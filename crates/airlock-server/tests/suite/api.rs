@@ -277,6 +277,8 @@ async fn health_metrics_openapi_and_tool_schema() {
     assert_eq!(health["status"], "ok");
     let ok = post_run(&server, None, &python("print('x' * 10)")).await;
     assert_eq!(ok.status, 200);
+    // The reply does not wait for the sandbox's removal; the job counts until it is done.
+    wait_health(&server, |h| h["jobs_in_flight"] == 0).await;
     let response = client().get(server.url("/metrics")).send().await.unwrap();
     assert_eq!(
         response.headers()["content-type"],

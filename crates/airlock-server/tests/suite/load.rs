@@ -67,6 +67,8 @@ async fn a_hundred_jobs_from_eight_clients_are_each_answered_and_audited_once() 
     assert_eq!(audited_set.len(), JOBS, "a job id audited twice");
     assert_eq!(audited_set, ids, "audit log and answers differ");
     let ids: Vec<String> = ids.into_iter().collect();
+    // Replies do not wait for their sandboxes' removal; the server is idle once it is done.
+    wait_health(&server, |h| h["jobs_in_flight"] == 0).await;
     assert_eq!(leftover_job_dirs(&ids), Vec::<String>::new());
 }
 
@@ -124,6 +126,8 @@ async fn each_log_line_carries_its_own_job_s_span_only() {
         ids.extend(c.await.unwrap());
     }
     assert_eq!(ids.len(), JOBS);
+    // Sandboxes are removed after the replies, with log lines of their own.
+    wait_health(&server, |h| h["jobs_in_flight"] == 0).await;
     // The last lines of a job may still be on their way through the pipe.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let log = server.log();

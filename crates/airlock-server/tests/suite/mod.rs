@@ -6,4 +6,5 @@ mod sessions;
 mod shutdown;
 mod slow;
 mod sse;
+mod teardown;
 mod warm;
