@@ -436,6 +436,8 @@ pub fn fits(template: &JobSpec, job: &JobSpec) -> bool {
         && job.argv.iter().all(|a| !a.contains('\0'))
         && job.env == template.env
         && job.network == NetworkMode::None
+        // A session's /work is bound when the sandbox is built; a warm one has its own.
+        && job.workspace.is_none()
         && job.filesystem == template.filesystem
         && j.memory == t.memory
         && j.cpus == t.cpus
