@@ -577,6 +577,14 @@ impl SessionManager {
         if session.ending.borrow().is_some() {
             return Err(SessionError::NotFound(id.to_owned()));
         }
+        // Past its ttl (the reaper has not come by yet), or too close to it for a call's
+        // shortest wall time: the session is over. Without this a call in that gap found
+        // the kernel dead of the ttl and tried to start another with no time left.
+        if session.remaining() < airlock_core::policy::bounds::TIMEOUT_MIN {
+            drop(state);
+            self.end(id, "ttl").await;
+            return Err(SessionError::NotFound(id.to_owned()));
+        }
         session.touch();
         let number = {
             let mut calls = session.calls.lock().unwrap_or_else(PoisonError::into_inner);
