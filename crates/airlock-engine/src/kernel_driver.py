@@ -10,6 +10,13 @@ import traceback
 
 D = "/work/.airlock"
 VALUE_MAX = 8000
+# A call's charts and its value's HTML go into D/files-N/, which the host releases like a
+# job's /out (its caps, its secret scan); these bound what the driver itself writes.
+FIGURES_MAX = 16
+HTML_MAX = 256 * 1024
+
+# Figures render off-screen, whatever the code asks for: there is no display.
+os.environ["MPLBACKEND"] = "Agg"
 
 
 class CallTimeout(BaseException):
@@ -31,6 +38,47 @@ def _run(code, env):
     return None
 
 
+def _save_figures(files):
+    """Saves the figures left open at the end of a call as PNGs, then closes them."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    try:
+        numbers = list(plt.get_fignums())
+    except Exception:
+        return
+    for index, number in enumerate(numbers[:FIGURES_MAX], 1):
+        try:
+            plt.figure(number).savefig("%s/figure-%d.png" % (files, index), format="png")
+        except Exception as e:
+            print("figure %d was not saved: %s" % (number, e), file=sys.stderr)
+    if len(numbers) > FIGURES_MAX:
+        print("%d figures were open; the first %d were saved" % (len(numbers), FIGURES_MAX),
+              file=sys.stderr)
+    try:
+        plt.close("all")
+    except Exception:
+        pass
+
+
+def _save_html(files, value):
+    """Writes the value's HTML (a DataFrame's table), when it has one, bounded."""
+    to_html = getattr(type(value), "_repr_html_", None)
+    if to_html is None:
+        return
+    try:
+        html = to_html(value)
+    except Exception as e:
+        print("the value's HTML was not made: %s" % e, file=sys.stderr)
+        return
+    if not isinstance(html, str):
+        return
+    data = html.encode("utf-8", "replace")[:HTML_MAX]
+    fd = _open("%s/value.html" % files)
+    os.write(fd, data)
+    os.close(fd)
+
+
 def _open(path):
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
 
@@ -46,10 +94,17 @@ def main():
         go = "%s/call-%d.go" % (D, n)
         try:
             with open(go) as f:
-                timeout = float(f.read().strip() or "5")
+                order = json.load(f)
         except FileNotFoundError:
             time.sleep(0.005)
             continue
+        timeout = float(order.get("timeout", 5))
+        want_html = bool(order.get("html", False))
+        files = "%s/files-%d" % (D, n)
+        try:
+            os.mkdir(files, 0o700)
+        except FileExistsError:
+            pass
         with open("%s/call-%d.py" % (D, n), "rb") as f:
             code = f.read().decode("utf-8", "replace")
         sys.stdout.flush()
@@ -69,6 +124,8 @@ def main():
                 signal.setitimer(signal.ITIMER_REAL, 0)
             if value is not None:
                 res["value"] = repr(value)[:VALUE_MAX]
+                if want_html:
+                    _save_html(files, value)
         except CallTimeout:
             res["status"] = "timeout"
             print("the call reached its wall time and was interrupted", file=sys.stderr)
@@ -80,6 +137,13 @@ def main():
             while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
                 tb = tb.tb_next
             traceback.print_exception(type(e), e, tb or e.__traceback__)
+        # A call that failed still shows what it drew; one cut at its wall time does not
+        # get more time to save.
+        if res["status"] != "timeout":
+            try:
+                _save_figures(files)
+            except BaseException as e:
+                print("figures were not saved: %s" % e, file=sys.stderr)
         try:
             sys.stdout.flush()
             sys.stderr.flush()

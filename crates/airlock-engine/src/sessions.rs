@@ -44,10 +44,12 @@ use crate::Engine;
 use crate::teardowns::PendingTeardown;
 
 /// The Python program a kernel session's sandbox runs: reads calls from
-/// `/work/.airlock/call-N.py` (started by `call-N.go`, which holds the call's wall time in
-/// seconds), runs them in one set of globals with the last expression's value returned
-/// like a notebook cell's, and writes `out-N.stdout`, `out-N.stderr`, `res-N.json`, then
-/// `res-N.done`. Trusted by nobody: it runs inside the sandbox with the call's code.
+/// `/work/.airlock/call-N.py` (started by `call-N.go`, a JSON object with the call's wall
+/// time in seconds and whether the value's HTML is wanted), runs them in one set of globals
+/// with the last expression's value returned like a notebook cell's, and writes
+/// `out-N.stdout`, `out-N.stderr`, the call's files (open matplotlib figures as PNGs, the
+/// value's HTML) in `files-N/`, `res-N.json`, then `res-N.done`. Trusted by nobody: it
+/// runs inside the sandbox with the call's code.
 pub const KERNEL_DRIVER: &str = include_str!("kernel_driver.py");
 
 /// The directory of the kernel protocol's files, inside the workspace; the files API
@@ -144,6 +146,9 @@ pub struct SessionCall {
     pub language: Option<String>,
     /// The call's wall time; `None`: the policy's.
     pub timeout: Option<Duration>,
+    /// Kernel mode: also return the HTML of the cell's value when it has one (a pandas
+    /// DataFrame's table), as the file `value.html`.
+    pub html: bool,
 }
 
 /// The error a kernel call raised.
@@ -698,9 +703,11 @@ async fn run_workspace_call(
             ..Default::default()
         },
         workspace: Some(session.workspace_path.clone()),
+        // What the call saves in /out (a chart, a table) comes back with its answer.
+        out: true,
         ..Default::default()
     };
-    let (result, removal) = engine
+    let (mut result, removal) = engine
         .run_detached_with(
             request,
             Some(session.tenant.clone()),
@@ -709,6 +716,7 @@ async fn run_workspace_call(
             None,
         )
         .await;
+    result.inline_files(engine.policy().filesystem.out.inline_bytes.as_u64());
     let answer = SessionRunResult {
         session_id: session.id.clone(),
         call: number,
@@ -799,6 +807,16 @@ async fn stop_kernel(mut kernel: Kernel, reason: &str) {
     let _ = (&mut kernel.task).await;
 }
 
+/// The caps a kernel call's files are released under: the policy's `/out` caps.
+fn out_caps(policy: &airlock_core::Policy) -> airlock_host::out::OutCaps {
+    let out = &policy.filesystem.out;
+    airlock_host::out::OutCaps {
+        max_files: out.max_files,
+        max_bytes: out.max_bytes.as_u64(),
+        max_file_bytes: out.max_file_bytes.as_u64(),
+    }
+}
+
 fn describe_end(obs: &Observation) -> String {
     match (&obs.error, obs.outcome) {
         (Some(e), _) => format!("{}: {}", e.kind, e.message),
@@ -858,9 +876,10 @@ async fn run_kernel_call(
     let control = |name: &str| format!("{CONTROL_DIR}/{name}-{number}");
     session.with_workspace(|ws| {
         ws.write_file(&format!("{}.py", control("call")), call.code.as_bytes())?;
+        let order = serde_json::json!({"timeout": wall.as_secs_f64(), "html": call.html});
         ws.write_file(
             &format!("{}.go", control("call")),
-            format!("{}", wall.as_secs_f64()).as_bytes(),
+            order.to_string().as_bytes(),
         )
     })?;
     let started = Instant::now();
@@ -934,6 +953,16 @@ async fn run_kernel_call(
     };
     let mut value = None;
     let mut error = None;
+    if matches!(ended, Ended::Result) {
+        // The call's figures and HTML are its /out: the same caps, the same scan for
+        // secrets, listed in the observation with their media types.
+        let files = session.with_workspace(|ws| ws.open_dir(&control("files")));
+        if let Ok(Some(dir)) = files {
+            let released = airlock_host::out::release(&dir, out_caps(engine.policy()));
+            report.out_files = released.files;
+            report.out_rejected = released.rejected;
+        }
+    }
     match ended {
         Ended::Result => {
             let record = session
@@ -1001,9 +1030,10 @@ async fn run_kernel_call(
                 ws.remove_file(&format!("{}.{ext}", control(name)))?;
             }
         }
-        Ok(())
+        ws.remove_dir_all(&control("files"))
     });
-    let result = engine.render(call_id, report);
+    let mut result = engine.render(call_id, report);
+    result.inline_files(engine.policy().filesystem.out.inline_bytes.as_u64());
     Ok(SessionRunResult {
         session_id: session.id.clone(),
         call: number,

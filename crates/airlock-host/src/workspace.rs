@@ -211,6 +211,30 @@ impl Workspace {
         }
     }
 
+    /// The directory at `rel`, opened without following a link on the way; `None` when
+    /// it is missing (or not a plain directory).
+    pub fn open_dir(&self, rel: &str) -> Result<Option<OwnedFd>, HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, false)?;
+        let Some(dir) = dir else { return Ok(None) };
+        match open_dir_at(&dir, name) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => Ok(None),
+            Err(e) => Err(file_error(rel, format!("open: {e}"), ErrorKind::Internal)),
+        }
+    }
+
+    /// Removes the directory at `rel` and what it holds, never following a link (a link
+    /// is removed, not its target); absent is fine. Entries deeper than the walk's depth
+    /// bound stay, and so does their directory: the workspace's own end removes them.
+    pub fn remove_dir_all(&self, rel: &str) -> Result<(), HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, false)?;
+        let Some(dir) = dir else { return Ok(()) };
+        remove_tree_at(&dir, name, 0);
+        Ok(())
+    }
+
     /// The regular files, in path order, at most `max_entries` entries looked at.
     pub fn list(&self, max_entries: usize) -> Result<Vec<WorkspaceEntry>, HostError> {
         let root = self.root()?;
@@ -414,6 +438,40 @@ pub fn read_file_at(root: &OwnedFd, rel: &str, cap: u64) -> Result<Vec<u8>, Host
         ));
     }
     Ok(content)
+}
+
+/// Removes `name` below `parent`: a directory with its content (to the depth bound),
+/// anything else unlinked. Best effort: what cannot be removed stays for the workspace's
+/// unmount.
+fn remove_tree_at(parent: &OwnedFd, name: &str, depth: usize) {
+    if rustix::fs::unlinkat(parent, name, AtFlags::empty()).is_ok() {
+        return;
+    }
+    if depth >= WORKSPACE_MAX_DEPTH {
+        return;
+    }
+    let Ok(dir) = open_dir_at(parent, name) else {
+        return;
+    };
+    let Ok(dup) = rustix::io::dup(&dir) else {
+        return;
+    };
+    let Ok(entries) = rustix::fs::Dir::new(dup) else {
+        return;
+    };
+    let names: Vec<std::ffi::CString> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    for child in names {
+        if let Ok(child) = child.to_str() {
+            remove_tree_at(&dir, child, depth + 1);
+        } else {
+            let _ = rustix::fs::unlinkat(&dir, child.as_c_str(), AtFlags::empty());
+        }
+    }
+    let _ = rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR);
 }
 
 fn list_dir(

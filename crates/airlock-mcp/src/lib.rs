@@ -262,6 +262,7 @@ impl RunCodeServer {
             code: params.code,
             language: params.language,
             timeout,
+            html: false,
         };
         match self.executor.session_run(tenant, id, call).await {
             Err(e) => session_error_result(&e, policy),

@@ -39,7 +39,7 @@ use crate::mount_plan;
 pub const MINIMAL_ROOT_TOML: &str = include_str!("../../../policy/minimal_root.toml");
 
 /// Bumped when the layout of a prepared root changes, so older copies are not reused.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Where programs are looked up: the job's own `PATH` (airlock_core::job::BASE_ENV).
 pub const JOB_PATH_DIRS: &[&str] = &["/usr/local/bin", "/usr/bin", "/bin"];
@@ -291,6 +291,10 @@ pub struct Collected {
     pub programs: BTreeMap<String, ProgramState>,
     /// Listed utilities the host lacks.
     pub missing_utilities: Vec<String>,
+    /// Each Python's standard library directory (`PREFIX/lib/python3.N`).
+    python_stdlibs: Vec<PathBuf>,
+    /// The policy's `site_packages`, which each Python is told about by a `.pth` file.
+    site_packages: Vec<PathBuf>,
 }
 
 fn relative(path: &Path) -> PathBuf {
@@ -608,9 +612,13 @@ pub fn collect(spec: &MinimalRootSpec, data: &RootData) -> io::Result<Collected>
         }
         for stdlib in python_stdlib(&real) {
             c.add(&stdlib)?;
+            if !c.python_stdlibs.contains(&stdlib) {
+                c.python_stdlibs.push(stdlib);
+            }
         }
         primaries.push((program.clone(), found, real));
     }
+    c.site_packages = spec.site_packages.clone();
     for dir in &spec.site_packages {
         if c.add(dir)?.is_none() {
             tracing::warn!(dir = %dir.display(), "a site_packages directory of the policy does not exist");
@@ -795,7 +803,51 @@ fn build_tree(c: &Collected, root: &Path) -> io::Result<(u64, u64)> {
     let mtab = etc.join("mtab");
     let _ = fs::remove_file(&mtab);
     std::os::unix::fs::symlink("../proc/self/mounts", &mtab)?;
+    write_site_packages_pth(c, root)?;
     Ok((files, bytes))
+}
+
+/// The name of the `.pth` file that puts the policy's `site_packages` on each Python's
+/// `sys.path`.
+pub const SITE_PACKAGES_PTH: &str = "airlock-site-packages.pth";
+
+/// Puts the policy's `site_packages` on every copied Python's path: a `.pth` file in each
+/// directory its `site` module reads them from, upstream's and Debian's layouts both (a
+/// directory the interpreter does not read costs nothing). Unlike `PYTHONPATH` this holds
+/// under `python3 -I`, which the built-in policy runs, and the job's environment stays
+/// as it is.
+fn write_site_packages_pth(c: &Collected, root: &Path) -> io::Result<()> {
+    if c.site_packages.is_empty() {
+        return Ok(());
+    }
+    let mut content = String::new();
+    for dir in &c.site_packages {
+        // The policy refuses names with control characters: one line per directory.
+        content.push_str(&dir.to_string_lossy());
+        content.push('\n');
+    }
+    for stdlib in &c.python_stdlibs {
+        let (Some(version), Some(prefix)) = (
+            stdlib.file_name().and_then(|n| n.to_str()),
+            stdlib.parent().and_then(Path::parent),
+        ) else {
+            continue;
+        };
+        let site_dirs = [
+            stdlib.join("site-packages"),
+            stdlib.join("dist-packages"),
+            prefix.join("local/lib").join(version).join("dist-packages"),
+            prefix.join("lib/python3/dist-packages"),
+        ];
+        for dir in site_dirs {
+            let dst = root.join(relative(&dir));
+            make_dirs(&dst)?;
+            let path = dst.join(SITE_PACKAGES_PTH);
+            fs::write(&path, &content)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    Ok(())
 }
 
 /// The directory of one spec's copies: `current` (a link to the copy in use), `lock`,

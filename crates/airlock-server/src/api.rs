@@ -280,6 +280,10 @@ pub struct SessionRunRequest {
     /// The call's wall time in seconds (at most the policy's `[limits] timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
+    /// A `kernel` session: also return the HTML of the cell's value when it has one (a
+    /// pandas DataFrame's table), as the file `value.html` in `observation.files`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub html: bool,
 }
 
 impl SessionRunRequest {
@@ -295,6 +299,7 @@ impl SessionRunRequest {
                 .timeout_s
                 .map(|s| seconds("timeout_s", s))
                 .transpose()?,
+            html: self.html,
         })
     }
 }

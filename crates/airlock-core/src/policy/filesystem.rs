@@ -1,7 +1,7 @@
 //! `[filesystem]`: the job's root filesystem, `/work` and `/out`.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -26,6 +26,9 @@ pub struct FilesystemPolicy {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub site_packages: Vec<PathBuf>,
 }
+
+/// Top-level directories of a job's root that airlock mounts afresh for every job.
+const SITE_PACKAGES_SHADOWED: &[&str] = &["tmp", "work", "out", "dev", "proc", "etc"];
 
 impl FilesystemPolicy {
     /// Checks the `/out` bounds; returns the field name and reason.
@@ -70,6 +73,27 @@ impl FilesystemPolicy {
                         "{} must be an absolute path below / without . or ..",
                         dir.display()
                     ),
+                ));
+            }
+            // The job's own mounts cover these: a copy there would never be seen.
+            if let Some(top) = SITE_PACKAGES_SHADOWED
+                .iter()
+                .find(|top| dir.starts_with(Path::new("/").join(top)))
+            {
+                return Err((
+                    "site_packages",
+                    format!(
+                        "{} is under /{top}, which every job gets a fresh one of: \
+                         install the packages elsewhere (/opt, /usr/local, /var/lib)",
+                        dir.display()
+                    ),
+                ));
+            }
+            // Each directory is one line of a `.pth` file in the minimal root.
+            if dir.to_str().is_none_or(|d| d.chars().any(char::is_control)) {
+                return Err((
+                    "site_packages",
+                    format!("{} must be UTF-8 without control characters", dir.display()),
                 ));
             }
         }
@@ -248,7 +272,14 @@ mod tests {
             ..FilesystemPolicy::default()
         };
         assert!(fs.check().is_ok());
-        for bad in ["relative/dir", "/usr/../etc", "/"] {
+        for bad in [
+            "relative/dir",
+            "/usr/../etc",
+            "/",
+            "/opt/a\nb",
+            "/tmp/venv/lib",
+            "/etc/py",
+        ] {
             fs.site_packages = vec![bad.into()];
             assert!(fs.check().is_err(), "{bad} accepted");
         }

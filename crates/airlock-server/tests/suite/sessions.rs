@@ -646,3 +646,182 @@ async fn mcp_offers_session_tools_and_run_code_takes_a_session() {
     let extra = call("session_start", json!({"mode": "kernel"})).await;
     assert_eq!(extra["isError"], true, "{extra:#}");
 }
+
+/// The package directory with matplotlib and pandas (scripts/ci/pylib.sh).
+fn charts_pylib() -> Option<PathBuf> {
+    std::env::var_os("AIRLOCK_TEST_PYLIB")
+        .map(PathBuf::from)
+        .filter(|dir| dir.join("matplotlib").is_dir() && dir.join("pandas").is_dir())
+}
+
+/// The file `path` of an observation's `files`, with its content decoded.
+fn released_file(observation: &Value, path: &str) -> (Value, Vec<u8>) {
+    use base64::Engine as _;
+    let files = observation["files"].as_array().expect("files");
+    let file = files
+        .iter()
+        .find(|f| f["path"] == path)
+        .unwrap_or_else(|| panic!("no {path} in {files:#?}"))
+        .clone();
+    let content = base64::engine::general_purpose::STANDARD
+        .decode(file["content_base64"].as_str().expect("content inline"))
+        .unwrap();
+    (file, content)
+}
+
+/// Decodes a PNG far enough to know it is one: the signature, every chunk's CRC, the
+/// header's size, and image data that inflates to exactly the rows the header promises.
+fn decode_png(bytes: &[u8]) -> (u32, u32) {
+    assert!(
+        bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "not a PNG signature"
+    );
+    let (mut at, mut size, mut idat) = (8, None, Vec::new());
+    let mut channels_bits = (0u32, 0u32);
+    loop {
+        let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let kind = &bytes[at + 4..at + 8];
+        let data = &bytes[at + 8..at + 8 + len];
+        let crc = u32::from_be_bytes(bytes[at + 8 + len..at + 12 + len].try_into().unwrap());
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(kind);
+        hasher.update(data);
+        assert_eq!(hasher.finalize(), crc, "bad CRC in a {kind:?} chunk");
+        match kind {
+            b"IHDR" => {
+                let w = u32::from_be_bytes(data[0..4].try_into().unwrap());
+                let h = u32::from_be_bytes(data[4..8].try_into().unwrap());
+                let channels = match data[9] {
+                    0 => 1,
+                    2 => 3,
+                    3 => 1,
+                    4 => 2,
+                    6 => 4,
+                    other => panic!("colour type {other}"),
+                };
+                channels_bits = (channels, u32::from(data[8]));
+                size = Some((w, h));
+            }
+            b"IDAT" => idat.extend_from_slice(data),
+            b"IEND" => break,
+            _ => {}
+        }
+        at += 12 + len;
+    }
+    let (w, h) = size.expect("no IHDR");
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::ZlibDecoder::new(&idat[..]), &mut raw)
+        .expect("the image data does not inflate");
+    let row = 1 + (w * channels_bits.0 * channels_bits.1).div_ceil(8);
+    assert_eq!(raw.len() as u32, row * h, "the image data is not {w}x{h}");
+    (w, h)
+}
+
+#[tokio::test]
+async fn a_kernel_returns_open_figures_as_pngs_and_a_dataframe_as_text_and_html() {
+    require_server!();
+    let pylib = charts_pylib();
+    airlock_testkit::require!(
+        pylib.is_some(),
+        "AIRLOCK_TEST_PYLIB names no directory with matplotlib and pandas (scripts/ci/pylib.sh makes one)"
+    );
+    let pylib = pylib.unwrap();
+    // The minimal root copies the package directory in; jobs find it through PYTHONPATH.
+    let policy = format!(
+        "version = \"sess-charts\"\n\
+         [limits]\ntimeout = \"60s\"\nmemory = \"1GiB\"\n\
+         [filesystem]\nsite_packages = [\"{}\"]\n\
+         [sessions]\nenabled = true\nmode = \"kernel\"\nttl = \"10m\"\nidle = \"10m\"\n",
+        pylib.display()
+    );
+    let server = Server::start(Opts {
+        files: vec![("policy.toml".into(), policy)],
+        args: ["--policy", "policy.toml"].map(String::from).to_vec(),
+        ..Default::default()
+    });
+    let id = id_of(&create(&server, None).await);
+
+    // Step 1: load data. Nothing drawn, nothing released.
+    let load = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "import pandas as pd\nimport matplotlib.pyplot as plt\n\
+                        df = pd.DataFrame({'x': [1, 2, 3], 'y': [4, 9, 16]})\nlen(df)",
+               "timeout_s": 60}),
+    )
+    .await;
+    assert_eq!(load.status, 200, "{:#}", load.body);
+    assert_eq!(load.body["value"], "3", "{:#}", load.body);
+    assert_eq!(load.body["observation"]["files"], json!([]));
+
+    // Step 2: a plot left open and the frame as the cell's value, its HTML asked for.
+    let plot = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "df.plot(x='x', y='y')\ndf", "html": true, "timeout_s": 60}),
+    )
+    .await;
+    assert_eq!(plot.status, 200, "{:#}", plot.body);
+    let observation = &plot.body["observation"];
+    assert_eq!(observation["outcome"], "exited", "{observation:#}");
+    let text = plot.body["value"].as_str().expect("a value");
+    assert!(
+        text.contains('x') && text.contains("16") && text.lines().count() == 4,
+        "the frame as text: {text:?}"
+    );
+    let (png, bytes) = released_file(observation, "figure-1.png");
+    assert_eq!(png["media_type"], "image/png", "{png:#}");
+    assert_eq!(png["bytes"], bytes.len() as u64);
+    let (w, h) = decode_png(&bytes);
+    assert!(w >= 100 && h >= 100, "{w}x{h}");
+    let (html, content) = released_file(observation, "value.html");
+    assert_eq!(html["media_type"], "text/html", "{html:#}");
+    let content = String::from_utf8(content).unwrap();
+    assert!(
+        content.contains("<table") && content.contains("<td>16</td>"),
+        "{content}"
+    );
+
+    // Step 3: the figure was closed with its call; a failing call still returns what it
+    // drew, and no HTML unless asked.
+    let again = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "plt.figure()\nplt.plot([1, 2], [3, 4])\n1 / 0", "timeout_s": 60}),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{:#}", again.body);
+    assert_eq!(again.body["error"]["name"], "ZeroDivisionError");
+    let files: Vec<&str> = again.body["observation"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["figure-1.png"]);
+    decode_png(&released_file(&again.body["observation"], "figure-1.png").1);
+    // No leftovers of the calls' files in the session's /work.
+    let listed = send(
+        &server,
+        reqwest::Method::GET,
+        &format!("/v1/sessions/{id}/files"),
+        None,
+        None,
+    )
+    .await;
+    let paths: Vec<&str> = listed.body["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths
+            .iter()
+            .all(|p| !p.contains("figure") && !p.contains(".html")),
+        "{paths:?}"
+    );
+}
