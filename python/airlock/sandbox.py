@@ -5,8 +5,10 @@ manager that always ends the session. Remote only: sessions live in `airlock ser
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,10 +31,24 @@ class Logs:
 
 @dataclass(frozen=True)
 class Result:
-    """A cell's value (`text`, the repr of its last expression)."""
+    """One result of a call, as E2B shows it: the cell's value (`text`, the repr of its last
+    expression, and `html` when the call asked for it and the value has one, a pandas
+    DataFrame's table), or a matplotlib figure left open at the end of the call (`png`,
+    base64, as E2B gives it; `png_bytes` decoded)."""
 
-    text: str
+    text: str | None = None
+    html: str | None = None
+    png: str | None = field(default=None, repr=False)
     is_main_result: bool = True
+
+    @property
+    def png_bytes(self) -> bytes | None:
+        """The figure's PNG bytes."""
+        return base64.b64decode(self.png) if self.png is not None else None
+
+    def formats(self) -> list[str]:
+        """The formats this result has: `text`, `html`, `png`."""
+        return [name for name in ("text", "html", "png") if getattr(self, name) is not None]
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,8 @@ class Execution:
     @property
     def text(self) -> str | None:
         """The main result's text, when there is one."""
-        return self.results[0].text if self.results else None
+        main = [r for r in self.results if r.is_main_result]
+        return main[0].text if main else None
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,28 @@ def _decode(status: int, body: bytes, what: str) -> Any:
     raise error_for(str(error.get("kind")), message, status=status)
 
 
+#: The names a kernel call's files have (crates/airlock-engine/src/kernel_driver.py).
+_FIGURE = re.compile(r"figure-(\d+)\.png")
+_VALUE_HTML = "value.html"
+
+
+def _results(observation: Observation, value: object) -> list[Result]:
+    """The figures in the order they were made, then the cell's value (E2B's order)."""
+    figures: list[tuple[int, Result]] = []
+    html: str | None = None
+    for f in observation.files:
+        match = _FIGURE.fullmatch(f.path)
+        if match and f.media_type == "image/png" and f.content is not None:
+            png = base64.b64encode(f.read()).decode()
+            figures.append((int(match.group(1)), Result(png=png, is_main_result=False)))
+        elif f.path == _VALUE_HTML and f.content is not None:
+            html = f.text()
+    results = [r for _, r in sorted(figures, key=lambda item: item[0])]
+    if isinstance(value, str) or html is not None:
+        results.append(Result(text=value if isinstance(value, str) else None, html=html))
+    return results
+
+
 def _execution(data: dict[str, Any]) -> Execution:
     observation = Observation.from_dict(data["observation"])
     value = data.get("value")
@@ -99,7 +138,7 @@ def _execution(data: dict[str, Any]) -> Execution:
             stdout=[observation.stdout] if observation.stdout else [],
             stderr=[observation.stderr] if observation.stderr else [],
         ),
-        results=[Result(text=value)] if isinstance(value, str) else [],
+        results=_results(observation, value),
         error=ExecutionError(str(err["name"]), str(err["value"]), observation.stderr)
         if isinstance(err, dict)
         else None,
@@ -112,12 +151,14 @@ def _quote(path: str) -> str:
     return urllib.parse.quote(path, safe="/")
 
 
-def _run_body(code: str, language: str | None, timeout_s: float | None) -> bytes:
+def _run_body(code: str, language: str | None, timeout_s: float | None, html: bool) -> bytes:
     body: dict[str, Any] = {"code": code}
     if language is not None:
         body["language"] = language
     if timeout_s is not None:
         body["timeout_s"] = timeout_s
+    if html:
+        body["html"] = True
     return json.dumps(body).encode()
 
 
@@ -191,13 +232,21 @@ class Sandbox:
         return cls(caller, caller.call("POST", "/v1/sessions", b"{}"))
 
     def run_code(
-        self, code: str, *, language: str | None = None, timeout_s: float | None = None
+        self,
+        code: str,
+        *,
+        language: str | None = None,
+        timeout_s: float | None = None,
+        html: bool = False,
     ) -> Execution:
+        """Runs `code` in the sandbox. In a kernel session, figures left open come back as
+        PNG results and the last expression's value as the main result; `html=True` adds
+        the value's HTML when it has one (a DataFrame's table)."""
         wait = (timeout_s or 0.0) + CALL_MARGIN_S + self._caller.timeout_s
         data = self._caller.call(
             "POST",
             f"/v1/sessions/{self.id}/runs",
-            _run_body(code, language, timeout_s),
+            _run_body(code, language, timeout_s, html),
             timeout_s=wait,
         )
         return _execution(data)
@@ -268,13 +317,19 @@ class AsyncSandbox:
         return cls(endpoint, timeout_s, info)
 
     async def run_code(
-        self, code: str, *, language: str | None = None, timeout_s: float | None = None
+        self,
+        code: str,
+        *,
+        language: str | None = None,
+        timeout_s: float | None = None,
+        html: bool = False,
     ) -> Execution:
+        """Like `Sandbox.run_code`."""
         wait = (timeout_s or 0.0) + CALL_MARGIN_S + self._timeout_s
         data = await self._call(
             "POST",
             f"/v1/sessions/{self.id}/runs",
-            _run_body(code, language, timeout_s),
+            _run_body(code, language, timeout_s, html),
             timeout_s=wait,
         )
         return _execution(data)

@@ -4,11 +4,15 @@ notebook-style three-step analysis, files in and out, the context manager ending
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
+import struct
 import subprocess
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +21,13 @@ import pytest
 import airlock
 
 
-@pytest.fixture(scope="module")
-def session_server(airlock_bin: str) -> Iterator[str]:
+@contextlib.contextmanager
+def _serve(airlock_bin: str, policy_text: str) -> Iterator[str]:
+    """A real `airlock serve` on 127.0.0.1 with `policy_text`; yields its URL."""
     with tempfile.TemporaryDirectory(prefix="airlock-sandbox-") as work_dir:
         work = Path(work_dir)
         policy = work / "policy.toml"
-        policy.write_text('version = "sbx-1"\n[sessions]\nenabled = true\nmode = "kernel"\n')
+        policy.write_text(policy_text)
         log = work / "serve.log"
         env = {**os.environ, "AIRLOCK_STATE_DIR": str(work)}
         with log.open("wb") as log_file:
@@ -46,6 +51,84 @@ def session_server(airlock_bin: str) -> Iterator[str]:
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def session_server(airlock_bin: str) -> Iterator[str]:
+    policy = 'version = "sbx-1"\n[sessions]\nenabled = true\nmode = "kernel"\n'
+    with _serve(airlock_bin, policy) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def charts_server(airlock_bin: str) -> Iterator[str]:
+    """A kernel-session server whose minimal root holds matplotlib and pandas
+    (AIRLOCK_TEST_PYLIB, made by scripts/ci/pylib.sh)."""
+    pylib = os.environ.get("AIRLOCK_TEST_PYLIB", "")
+    if not (Path(pylib) / "matplotlib").is_dir() or not (Path(pylib) / "pandas").is_dir():
+        pytest.skip(
+            "AIRLOCK_TEST_PYLIB names no directory with matplotlib and pandas "
+            "(scripts/ci/pylib.sh makes one)"
+        )
+    policy = (
+        'version = "sbx-charts"\n'
+        '[limits]\ntimeout = "60s"\nmemory = "1GiB"\n'
+        f"[filesystem]\nsite_packages = [{json.dumps(pylib)}]\n"
+        '[sessions]\nenabled = true\nmode = "kernel"\n'
+    )
+    with _serve(airlock_bin, policy) as url:
+        yield url
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    """Decodes a PNG far enough to know it is one: signature, chunk CRCs, and image data
+    that inflates to the rows its header promises (8-bit RGB or RGBA)."""
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    at, idat, size, channels = 8, b"", (0, 0), 0
+    while True:
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
+        assert zlib.crc32(kind + body) == crc, kind
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and colour in (2, 6), (depth, colour)
+            size, channels = (width, height), 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+        at += 12 + length
+    width, height = size
+    assert len(zlib.decompress(idat)) == height * (1 + width * channels)
+    return size
+
+
+def test_charts_and_tables_come_back_as_results(charts_server: str) -> None:
+    with airlock.Sandbox.create(charts_server, timeout_s=120) as sbx:
+        sbx.files.write("data.csv", "x,y\n1,1\n2,4\n3,9\n4,16\n")
+        load = sbx.run_code(
+            "import pandas as pd\nimport matplotlib.pyplot as plt\ndf = pd.read_csv('data.csv')",
+            timeout_s=60,
+        )
+        assert load.error is None and load.results == [], load.logs
+        table = sbx.run_code("df.describe()", html=True, timeout_s=60)
+        (main,) = table.results
+        assert main.is_main_result and main.formats() == ["text", "html"]
+        assert main.text is not None and "mean" in main.text
+        assert main.html is not None and "<table" in main.html and "mean" in main.html
+        chart = sbx.run_code(
+            "df.plot(x='x', y='y', title='squares')\nint(df['y'].sum())", timeout_s=60
+        )
+        figure, value = chart.results
+        assert not figure.is_main_result and figure.formats() == ["png"]
+        assert figure.png_bytes is not None
+        width, height = _png_size(figure.png_bytes)
+        assert width >= 100 and height >= 100
+        assert value.text == "30" and value.html is None and chart.text == "30"
+        assert [f.media_type for f in chart.observation.files] == ["image/png"]
+        # The figure was closed with its call.
+        assert sbx.run_code("len(plt.get_fignums())").text == "0"
 
 
 def test_a_notebook_style_analysis_in_three_steps(session_server: str) -> None:
