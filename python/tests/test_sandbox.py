@@ -12,9 +12,11 @@ import struct
 import subprocess
 import tempfile
 import time
+import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,3 +167,60 @@ def test_the_async_sandbox(session_server: str) -> None:
             assert await sbx.files.read("a.txt") == b"hi"
 
     asyncio.run(main())
+
+
+def test_langgraph_keeps_one_session_per_conversation_thread(session_server: str) -> None:
+    pytest.importorskip("langgraph", reason="the langgraph extra is not installed")
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.prebuilt import create_react_agent
+
+    from airlock.langchain import SessionRunCodeTool
+
+    class ScriptedChatModel(GenericFakeChatModel):
+        """Answers each turn with the next scripted tool call, then a final message."""
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    turns = [
+        ("alice", "total = 40"),
+        ("alice", "total += 2\ntotal"),
+        ("bob", "total"),
+    ]
+    script: list[AIMessage] = []
+    for number, (_, code) in enumerate(turns):
+        call = {"name": "run_code", "args": {"code": code}, "id": f"call-{number}"}
+        script += [AIMessage(content="", tool_calls=[call]), AIMessage(content="done")]
+    model = ScriptedChatModel(messages=iter(script))
+    with SessionRunCodeTool(url=session_server) as tool:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # create_react_agent moved to langchain
+            agent = create_react_agent(model, [tool], checkpointer=InMemorySaver())
+        answers: list[dict[str, Any]] = []
+        for thread, _ in turns:
+            state = agent.invoke(
+                {"messages": [HumanMessage("compute")]},
+                {"configurable": {"thread_id": thread}},
+            )
+            message = [m for m in state["messages"] if isinstance(m, ToolMessage)][-1]
+            assert isinstance(message.artifact, airlock.Execution)
+            answers.append(json.loads(str(message.content)))
+        first, second, other = answers
+        # One session for alice's thread: the variable of turn 1 is there in turn 2.
+        assert first["session"]["id"] == second["session"]["id"]
+        assert first["new_session"] and "new_session" not in second
+        assert second["value"] == "42", second
+        # bob's thread is another session, which has no `total`.
+        assert other["session"]["id"] != first["session"]["id"]
+        assert other["error_raised"]["name"] == "NameError", other
+        sessions = [first["session"]["id"], other["session"]["id"]]
+    # Leaving the `with` ended both sessions.
+    for session in sessions:
+        gone = airlock.Sandbox(
+            airlock.sandbox._SyncCaller(airlock.sandbox._endpoint(session_server, None), 10),
+            {"id": session, "mode": "kernel"},
+        )
+        with pytest.raises(airlock.SessionNotFound):
+            gone.run_code("1")
