@@ -825,3 +825,169 @@ async fn a_kernel_returns_open_figures_as_pngs_and_a_dataframe_as_text_and_html(
         "{paths:?}"
     );
 }
+
+/// Puts the probe into the session's /work through the files API.
+async fn put_probe(server: &Server, id: &str) {
+    let probe = airlock_testkit::require_probe().expect("the probe is built");
+    let reply = client()
+        .put(server.url(&format!("/v1/sessions/{id}/files/probe")))
+        .body(std::fs::read(probe).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 204);
+}
+
+/// What every sandbox shows the probe, judged the way the conformance suite judges a job's
+/// (crates/airlock-conformance/tests/suite/probe.rs), except for `/work`, which a session
+/// makes writable on purpose.
+fn assert_locked_down(
+    r: &airlock_testkit::ProbeReport,
+    canary: &std::net::TcpListener,
+    what: &str,
+    max_pid: i32,
+) {
+    use airlock_testkit::{DangerousCall, Outcome};
+    assert_eq!((r.identity.uid, r.identity.euid), (65534, 65534), "{what}");
+    assert_eq!((r.identity.gid, r.identity.egid), (65534, 65534), "{what}");
+    assert_eq!(r.identity.hostname, "airlock", "{what}");
+    // A pid namespace of the sandbox's own.
+    assert!(r.identity.pid < max_pid, "{what}: pid {}", r.identity.pid);
+    let status = r.status.as_ref().expect("/proc/self/status");
+    assert_eq!(
+        (
+            status.cap_eff,
+            status.cap_prm,
+            status.cap_bnd,
+            status.cap_amb,
+            status.cap_inh
+        ),
+        (0, 0, 0, 0, 0),
+        "{what}"
+    );
+    assert!(status.no_new_privs, "{what}");
+    assert_eq!(status.seccomp, 2, "{what}");
+    for path in ["/", "/usr", "/etc"] {
+        assert_eq!(r.writes[path].errno_name(), Some("EROFS"), "{what}: {path}");
+        assert_eq!(r.mounts[path].read_only, Some(true), "{what}: {path}");
+    }
+    assert!(r.writes["/work"].is_ok(), "{what}: the session's /work");
+    assert_eq!(r.mounts["/tmp"].noexec, Some(true), "{what}");
+    let exec = r.tmp_exec.exec.as_ref().expect("exec from /tmp tried");
+    assert!(
+        matches!(exec.errno_name(), Some("EACCES" | "EPERM")),
+        "{what}: exec from /tmp: {exec:?}"
+    );
+    assert_eq!(
+        r.network.interfaces.as_deref(),
+        Some(&["lo".to_owned()][..]),
+        "{what}"
+    );
+    let reached = &r.network.canary.as_ref().expect("canary tried").result;
+    assert!(!reached.is_ok(), "{what}: reached the host canary");
+    canary.set_nonblocking(true).unwrap();
+    assert!(
+        canary.accept().is_err(),
+        "{what}: the canary got a connection"
+    );
+    for path in [
+        "/etc/shadow",
+        "/root",
+        "/home",
+        "/var",
+        "/run",
+        "/sys",
+        "/var/run/docker.sock",
+    ] {
+        assert_eq!(
+            r.paths.exists.get(path),
+            Some(&false),
+            "{what}: {path} is visible"
+        );
+    }
+    let names: Vec<&str> = r.env.keys().map(String::as_str).collect();
+    // MPLBACKEND: the kernel driver's own (figures render off-screen), inherited by what
+    // a cell starts.
+    let allowed = [
+        "HOME",
+        "LANG",
+        "PATH",
+        "PWD",
+        "PYTHONDONTWRITEBYTECODE",
+        "MPLBACKEND",
+    ];
+    assert!(
+        names.iter().all(|n| allowed.contains(n)),
+        "{what}: {names:?}"
+    );
+    for &call in airlock_testkit::DENIED_WITH_EPERM {
+        assert_eq!(
+            r.syscall(call),
+            Some(&Outcome::errno("EPERM")),
+            "{what}: {}",
+            call.name()
+        );
+    }
+    for call in [DangerousCall::Setuid0, DangerousCall::Setgid0] {
+        let outcome = r.syscall(call).unwrap();
+        assert!(
+            matches!(outcome.errno_name(), Some("EPERM" | "EINVAL")),
+            "{what}: {outcome:?}"
+        );
+    }
+    assert_eq!(r.rlimits.nofile.hard, Some(256), "{what}");
+}
+
+#[tokio::test]
+async fn the_probe_finds_the_same_locked_down_sandbox_in_both_session_modes() {
+    require_server!();
+    airlock_testkit::require!(
+        airlock_testkit::require_probe().is_ok(),
+        "the probe is not built (cargo build -p airlock-testkit --bins)"
+    );
+    let limits = "[limits]\nstdout = \"1MiB\"\ntimeout = \"20s\"\n";
+    for mode in ["workspace", "kernel"] {
+        let canary = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = canary.local_addr().unwrap().to_string();
+        let server = Server::start(Opts {
+            files: vec![(
+                "policy.toml".into(),
+                format!("{}{limits}", policy(&format!("mode = \"{mode}\""))),
+            )],
+            args: ["--policy", "policy.toml"].map(String::from).to_vec(),
+            ..Default::default()
+        });
+        let id = id_of(&create(&server, None).await);
+        put_probe(&server, &id).await;
+        let body = if mode == "workspace" {
+            json!({"language": "sh", "code": format!("chmod +x /work/probe && exec /work/probe report --canary {addr}")})
+        } else {
+            // The kernel's own sandbox: the probe is its child, as any subprocess a cell
+            // starts. The host wrote the file while the kernel ran, so it is root's: the
+            // cell makes its own copy to run (docs/sessions.md).
+            json!({"code": format!(
+                "import os, shutil, subprocess, sys\nshutil.copy('/work/probe', '/work/probe-x')\n\
+                 os.chmod('/work/probe-x', 0o755)\n\
+                 run = subprocess.run(['/work/probe-x', 'report', '--canary', {addr:?}], capture_output=True)\n\
+                 sys.stdout.write(run.stdout.decode())\nrun.returncode"
+            )})
+        };
+        // Twice: a session's second call sees the same shape as its first.
+        for number in 1..=2 {
+            let reply = call(&server, None, &id, body.clone()).await;
+            assert_eq!(reply.status, 200, "{:#}", reply.body);
+            let stdout = reply.body["observation"]["stdout"].as_str().unwrap();
+            let report = airlock_testkit::ProbeReport::from_json(stdout)
+                .unwrap_or_else(|e| panic!("{mode}: the probe's report: {e}\n{:#}", reply.body));
+            // A kernel's pid namespace lives for the session: its cells' earlier
+            // processes took pids too.
+            let max_pid = if mode == "kernel" { 100 } else { 10 };
+            assert_locked_down(
+                &report,
+                &canary,
+                &format!("{mode} session, call {number}"),
+                max_pid,
+            );
+        }
+    }
+}
