@@ -254,6 +254,22 @@ conformance_on! {
     }
 }
 
+conformance_on! {
+    [docker: Docker, gvisor: Gvisor, podman: Podman]
+
+    // The container engines refuse `vm.*` sysctls for a container and airlock's jobs never
+    // hold the privilege to set one from inside, so a memfd the job writes stays
+    // executable there (docs/docker.md, "Executable memfds"): with the job's own rights,
+    // seccomp filter and limits, as its interpreter already could. This pins the
+    // documented shape; it fails the day an engine allows the sysctl, so that the
+    // backend sets it and the documentation changes with it.
+    fn code_written_to_a_memfd_runs_on_container_backends_as_documented(t: &Target) {
+        let run = t.run(&["-c", MEMFD_EXEC]);
+        assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+        assert_eq!(run.obs["stdout"], "ran ran created\n", "{:#}", run.obs);
+    }
+}
+
 /// TCP buffers on every backend whose host kernel holds a job's sockets: on the container
 /// backends the container's cgroup must charge them (cgroup v1 does only once its TCP limit
 /// is set). gVisor's sockets live in its own kernel's memory, which the container's memory
