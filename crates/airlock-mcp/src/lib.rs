@@ -276,11 +276,27 @@ impl RunCodeServer {
                     "error": result.error,
                     "kernel_restarted": result.kernel_restarted,
                 });
-                if result.observation.ok && result.error.is_none() {
+                // A chart is for the model to see: an image block of its own, and not its
+                // base64 a second time in the JSON.
+                let mut images = Vec::new();
+                if let Some(files) = value["files"].as_array_mut() {
+                    for file in files {
+                        if file["media_type"] == "image/png"
+                            && let Some(Value::String(data)) = file
+                                .as_object_mut()
+                                .and_then(|f| f.remove("content_base64"))
+                        {
+                            images.push(rmcp::model::ContentBlock::image(data, "image/png"));
+                        }
+                    }
+                }
+                let mut answer = if result.observation.ok && result.error.is_none() {
                     CallToolResult::structured(value)
                 } else {
                     CallToolResult::structured_error(value)
-                }
+                };
+                answer.content.extend(images);
+                answer
             }
         }
     }

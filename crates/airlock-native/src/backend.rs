@@ -288,6 +288,7 @@ impl NativeBackend {
     /// The minimal root's layout for `job`, refusing a job whose interpreter the host
     /// lacks or cannot run.
     fn minimal_layout(&self, job: &JobSpec) -> Result<RootfsLayout, NativeError> {
+        crate::minimal_root::require_overlayfs()?;
         let prepared = self.minimal.get()?;
         if let Some(program) = job.argv.first() {
             match prepared.manifest.programs.get(program) {
@@ -327,6 +328,7 @@ impl NativeBackend {
             RootfsSpec::HostFull => {
                 // The whole host view, but through overlays of the job's own: no inode of
                 // the host's system directories is the job's.
+                crate::minimal_root::require_overlayfs()?;
                 let mut layout = self.host_layout.clone();
                 layout.overlay_spare =
                     Some(crate::minimal_root::spare_dir(&self.config.cache_dir)?);

@@ -466,6 +466,13 @@ fn rootfs_checks(policy: &Policy) -> Vec<Check> {
 fn host_root_check(policy: &Policy) -> Option<Check> {
     use crate::minimal_root::{self, MinimalRootSpec, ProgramState, RootData};
     match policy.filesystem.rootfs {
+        RootfsSpec::Host | RootfsSpec::HostFull if !minimal_root::overlayfs_available() => {
+            Some(Check::missing(
+                "host root",
+                "this kernel has no overlayfs (/proc/filesystems): every job would be refused",
+                "load it as root (modprobe overlay), or use rootfs = \"dir:...\" or \"image:...\"",
+            ))
+        }
         RootfsSpec::HostFull => Some(Check::warning(
             "host root",
             "rootfs = \"host-full\" shows jobs every program installed on the host \

@@ -1002,6 +1002,34 @@ fn remove_old_copies(dir: &Path, keep: &str) {
     }
 }
 
+/// Whether this kernel offers overlayfs, which both host root kinds mount per job (their
+/// inodes the job's own): `/proc/filesystems` lists `overlay` once the module is loaded.
+/// Read once per process; a host that loads the module later needs a restart of airlock.
+pub fn overlayfs_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        fs::read_to_string("/proc/filesystems").is_ok_and(|list| {
+            list.lines()
+                .any(|line| line.split_whitespace().last() == Some("overlay"))
+        })
+    })
+}
+
+/// Refuses a host root on a kernel without overlayfs, saying what to do.
+pub fn require_overlayfs() -> Result<(), NativeError> {
+    if overlayfs_available() {
+        return Ok(());
+    }
+    Err(NativeError::Unsupported {
+        control: "overlayfs",
+        reason: "this kernel lists no overlay filesystem in /proc/filesystems; rootfs = \
+                 \"host\" and \"host-full\" mount one per job so that its inodes are the \
+                 job's own, never the host's (load it as root: modprobe overlay), or use \
+                 rootfs = \"dir:...\" or \"image:...\""
+            .to_owned(),
+    })
+}
+
 /// The empty directory that is the second layer of the overlays of a `host-full` root.
 pub fn spare_dir(cache: &Path) -> Result<PathBuf, NativeError> {
     let dir = cache.join("roots").join("empty");
