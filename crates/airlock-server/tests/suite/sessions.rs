@@ -824,6 +824,30 @@ async fn a_kernel_returns_open_figures_as_pngs_and_a_dataframe_as_text_and_html(
             .all(|p| !p.contains("figure") && !p.contains(".html")),
         "{paths:?}"
     );
+
+    // Through MCP, in the same session: the figure is an image block the model sees, not
+    // base64 in the JSON a second time.
+    let drawn = mcp(
+        &server,
+        "tools/call",
+        Some("run_code"),
+        json!({"name": "run_code", "arguments": {
+            "code": "plt.plot([1, 2, 3], [3, 1, 2])\nNone", "session": id, "timeout_s": 60}}),
+    )
+    .await;
+    assert_eq!(drawn["isError"], false, "{drawn:#}");
+    let blocks = drawn["content"].as_array().unwrap();
+    let images: Vec<&Value> = blocks.iter().filter(|b| b["type"] == "image").collect();
+    assert_eq!(images.len(), 1, "{drawn:#}");
+    assert_eq!(images[0]["mimeType"], "image/png");
+    use base64::Engine as _;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(images[0]["data"].as_str().unwrap())
+        .unwrap();
+    decode_png(&png);
+    let listed = &drawn["structuredContent"]["files"][0];
+    assert_eq!(listed["path"], "figure-1.png");
+    assert!(listed.get("content_base64").is_none(), "{listed:#}");
 }
 
 /// Puts the probe into the session's /work through the files API.
