@@ -528,3 +528,49 @@ async fn session_jobs_never_take_a_warm_sandbox() {
         assert_eq!(hits(&warm).await, 1, "{mode}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_preload_imports_the_modules_before_the_job_and_nothing_else_shows() {
+    require_server!();
+    let cold = server(0);
+    // `this` prints the Zen of Python when imported: none of it may reach the job's output.
+    // A module that does not exist is skipped.
+    let warm = Server::start(Opts {
+        args: ["--policy", "warm.toml"].map(String::from).to_vec(),
+        files: vec![(
+            "warm.toml".into(),
+            format!(
+                "{}warm_preload = [\"sqlite3\", \"decimal\", \"this\", \"no_such_module_q\"]\n",
+                policy(1)
+            ),
+        )],
+        ..Default::default()
+    });
+    wait_ready(&warm, 1).await;
+    let job = python(
+        "import json, os, sys\nprint(json.dumps({m: m in sys.modules for m in \
+         ['sqlite3', 'decimal', 'this', 'no_such_module_q']} | \
+         {'fds': sorted(os.listdir('/proc/self/fd'))}, sort_keys=True))\n",
+    );
+    let before = hits(&warm).await;
+    let got = post_run(&warm, None, &job).await;
+    assert_eq!(got.status, 200, "{:#}", got.body);
+    assert_eq!(hits(&warm).await, before + 1, "the job did not run warm");
+    let want = post_run(&cold, None, &job).await;
+    assert_eq!(got.body["stderr"], "", "{:#}", got.body);
+    let warm_seen: Value = serde_json::from_str(got.body["stdout"].as_str().unwrap())
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: the job's stdout is more than its line: {:#}",
+                got.body
+            )
+        });
+    let cold_seen: Value = serde_json::from_str(want.body["stdout"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        warm_seen,
+        json!({"sqlite3": true, "decimal": true, "this": true, "no_such_module_q": false,
+               "fds": cold_seen["fds"]}),
+        "cold: {cold_seen}"
+    );
+    assert_eq!(cold_seen["sqlite3"], false);
+}
