@@ -7,7 +7,9 @@ Contenders (each where this host has it; a missing one is listed with the reason
                      /usr, uid 65534, no capabilities, no network; no cgroup limits, no seccomp)
   docker run         `docker run --rm` with DESIGN §5's reference flags (runc)
   docker run runsc   the same with `--runtime runsc` (gVisor)
-  airlock native     `airlock run --backend native` (a fresh sandbox per job, no daemon)
+  airlock native     `airlock run --backend native` (a fresh sandbox per job, no daemon),
+                     in the default minimal root (rootfs = "host")
+  airlock native host-full   the same with rootfs = "host-full" (the host's whole /usr)
   airlock docker     `airlock run --backend docker`, and gvisor, podman alike
   serve cold         `airlock serve`, POST /v1/runs over a keep-alive connection
   serve warm         the same with `[native] warm_pool`: the sandbox and interpreter are
@@ -179,6 +181,30 @@ def shell_quote(arg):
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 
+COLD_RUNS = 3
+
+
+def cold_start(airlock, policy, work, name):
+    """Wall time of the `sum` job, each run with a cache directory of its own."""
+    times = []
+    for i in range(COLD_RUNS):
+        cache = os.path.join(work, f"cache-{name.replace(' ', '-')}-{i}")
+        env = dict(os.environ, AIRLOCK_CACHE_DIR=cache, AIRLOCK_LOG="error",
+                   AIRLOCK_STATE_DIR=os.path.join(work, "state-cold"))
+        started = time.monotonic()
+        out = subprocess.run([airlock, "run", "--json", "--policy", policy,
+                              os.path.join(work, "sum.py")], capture_output=True, text=True, env=env)
+        times.append(time.monotonic() - started)
+        try:
+            ok = json.loads(out.stdout)["stdout"] == "45\n"
+        except (ValueError, KeyError):
+            ok = False
+        if not ok:
+            raise SystemExit(f"cold {name}: {out.stdout} {out.stderr}")
+        shutil.rmtree(cache, ignore_errors=True)
+    return times
+
+
 def start_server(airlock, policy, work, name):
     env = dict(os.environ, AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"), AIRLOCK_LOG="warn")
     proc = subprocess.Popen(
@@ -256,6 +282,10 @@ def main():
     policy_image = os.path.join(work, "policy-image.toml")
     with open(policy_image, "w") as f:
         f.write(f'version = "bench-1"\n[filesystem]\n{image_line}\n[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
+    policy_full = os.path.join(work, "policy-host-full.toml")
+    with open(policy_full, "w") as f:
+        f.write(f'version = "bench-1"\n[filesystem]\nrootfs = "host-full"\n'
+                f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
     policy_warm = os.path.join(work, "policy-warm.toml")
     with open(policy_warm, "w") as f:
         f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\n'
@@ -296,7 +326,9 @@ def main():
         Contender("bwrap", bwrap, note="no cgroup limits, no seccomp"),
         Contender("docker run", docker(None)),
         Contender("docker run runsc", docker("runsc")),
-        Contender("airlock native", airlock_run("native", policy_plain)),
+        Contender("airlock native", airlock_run("native", policy_plain),
+                  note="the minimal root"),
+        Contender("airlock native host-full", airlock_run("native", policy_full)),
         Contender("airlock docker", airlock_run("docker", policy_image)),
         Contender("airlock gvisor", airlock_run("gvisor", policy_image)),
         Contender("airlock podman", airlock_run("podman", policy_image)),
@@ -329,6 +361,13 @@ def main():
         for c in contenders:
             if c.name not in wanted and c.name != "python3" and not c.missing:
                 c.missing = "not selected (--only)"
+
+    cold = {}
+    for name, policy in (("airlock native", policy_plain), ("airlock native host-full", policy_full)):
+        if name in {c.name for c in contenders if c.missing}:
+            continue
+        log(f"== cold start: {name}, {COLD_RUNS} runs, each with an empty cache directory")
+        cold[name] = cold_start(airlock, policy, work, name)
 
     servers = []
     memory = {}
@@ -447,6 +486,15 @@ def main():
                 t = loaded[(c.name, job, n)]
                 row += f" {statistics.median(t) * 1000:.1f} | {percentile(t, 99) * 1000:.1f} |"
             print(row)
+        print()
+    if cold:
+        print("Cold and warm start, job `sum`: cold is the first job with an empty cache "
+              "directory (the minimal root is copied from the host then; host-full has nothing "
+              f"to prepare), median of {COLD_RUNS}; warm is the median above, the copy in place\n")
+        print("| root | cold ms | warm ms |\n|:---|---:|---:|")
+        for name, times in cold.items():
+            warm = statistics.median(lat[(name, "sum")]) * 1000 if (name, "sum") in lat else float("nan")
+            print(f"| {name} | {statistics.median(times) * 1000:.0f} | {warm:.1f} |")
         print()
     skipped = [c for c in contenders if c.missing]
     if skipped:

@@ -73,6 +73,11 @@ log "mypy --strict"
 "$venv/bin/mypy" || status=1
 
 log "pytest (against the installed wheel)"
+# matplotlib and pandas for the sandbox's charts test (scripts/test.sh exports it already).
+if [ -z "${AIRLOCK_TEST_PYLIB:-}" ]; then
+  AIRLOCK_TEST_PYLIB="$(../scripts/ci/pylib.sh)"
+  export AIRLOCK_TEST_PYLIB
+fi
 # The tests run from a copy, so `import airlock` is the installed package, not ./airlock.
 mkdir -p "$work/run"
 cp -r tests pyproject.toml "$work/run/"

@@ -81,6 +81,12 @@ if [ ! -f "$rootfs/.airlock-complete" ]; then
 fi
 export AIRLOCK_TEST_ROOTFS="$rootfs"
 
+# matplotlib and pandas for /usr/bin/python3, for the sessions' charts-and-tables test
+# (pinned, cached; about 250 MiB and 15 s the first time).
+log "python packages for the charts test (scripts/ci/pylib.sh)"
+AIRLOCK_TEST_PYLIB="$(scripts/ci/pylib.sh)"
+export AIRLOCK_TEST_PYLIB
+
 export AIRLOCK_REQUIRE_ALL=1
 export AIRLOCK_SKIP_LOG="$cache/skipped.txt"
 rm -f "$AIRLOCK_SKIP_LOG"

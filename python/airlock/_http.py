@@ -45,10 +45,12 @@ class Endpoint:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"), token or None)
 
-    def headers(self, body: bytes | None, accept: str) -> dict[str, str]:
+    def headers(
+        self, body: bytes | None, accept: str, content_type: str = "application/json"
+    ) -> dict[str, str]:
         headers = {"Accept": accept, "Connection": "close", "User-Agent": "airlock-python"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
             headers["Content-Length"] = str(len(body))
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -167,13 +169,17 @@ def request(
     *,
     timeout_s: float | None,
     accept: str = "application/json",
+    content_type: str = "application/json",
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     """Sends one request; the caller reads the response and closes the connection.
     `timeout_s` bounds every wait on the socket."""
     conn = _connection(endpoint, timeout_s)
     try:
         conn.request(
-            method, endpoint.prefix + path, body=body, headers=endpoint.headers(body, accept)
+            method,
+            endpoint.prefix + path,
+            body=body,
+            headers=endpoint.headers(body, accept, content_type),
         )
         return conn, conn.getresponse()
     except TimeoutError as e:
@@ -356,6 +362,7 @@ async def async_request(
     *,
     timeout_s: float | None,
     accept: str = "application/json",
+    content_type: str = "application/json",
 ) -> _AsyncResponse:
     """Sends one request over a fresh connection and reads the response head."""
     context = ssl.create_default_context() if endpoint.scheme == "https" else None
@@ -369,7 +376,7 @@ async def async_request(
     except OSError as e:
         raise TransportError(f"connect to {endpoint.netloc}: {e}") from e
     try:
-        headers = {"Host": endpoint.netloc, **endpoint.headers(body, accept)}
+        headers = {"Host": endpoint.netloc, **endpoint.headers(body, accept, content_type)}
         head = f"{method} {endpoint.prefix}{path} HTTP/1.1\r\n" + "".join(
             f"{name}: {value}\r\n" for name, value in headers.items()
         )

@@ -32,6 +32,11 @@ class InvalidInput(AirlockError):
     kind = "invalid_input"
 
 
+class SessionNotFound(InvalidInput):
+    """No such session for this token: it ended (deleted, past its ttl or idle time, the
+    server restarted), or it belongs to another tenant."""
+
+
 class PolicyDenied(AirlockError):
     """The request asks for more than the policy allows (HTTP 403)."""
 

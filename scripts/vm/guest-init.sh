@@ -27,6 +27,11 @@ $bb mount -t proc -o nosuid,nodev,noexec proc /proc || fail "mount /proc"
 $bb mount -t sysfs -o nosuid,nodev,noexec sysfs /sys || fail "mount /sys"
 $bb mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev || fail "mount /dev"
 exec </dev/console >/dev/console 2>&1
+# Modules a Debian host loads on demand (overlayfs, for airlock's minimal root).
+for module in $dir/modules/*.ko*; do
+  [ -e "$module" ] || continue
+  $bb insmod "$module" || fail "insmod $module"
+done
 $bb mkdir -p /dev/pts /dev/shm
 $bb mount -t devpts -o nosuid,noexec,gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
 $bb ln -sf pts/ptmx /dev/ptmx

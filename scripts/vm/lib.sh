@@ -68,6 +68,7 @@ vm_ensure_kernel() {
     if [ -n "$dir" ] && [ -f "$dir/.complete" ]; then
       VM_KERNEL=$(echo "$dir"/boot/vmlinuz-*)
       VM_KERNEL_VERSION=${VM_KERNEL##*/vmlinuz-}
+      vm_ensure_modules "$dir"
       return 0
     fi
     pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
@@ -87,8 +88,8 @@ vm_ensure_kernel() {
     (cd "$dir.tmp/deb" && apt-get download -q "$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2) || true
     deb=$(echo "$dir.tmp"/deb/*.deb)
     [ -f "$deb" ] || vm_die "apt-get download $pkg failed"
-    # Only the kernel image and its config: the guest needs no module (NVMe and ext4 are
-    # built in).
+    # The kernel image and its config; vm_ensure_modules takes the few modules the guest
+    # loads from the package, kept in deb/ (NVMe and ext4 are built in).
     dpkg-deb --fsys-tarfile "$deb" | tar -C "$dir.tmp" -x --wildcards './boot/vmlinuz-*' './boot/config-*'
     mv "$dir.tmp" "$dir"
     touch "$dir/.complete"
@@ -101,6 +102,28 @@ vm_ensure_kernel() {
     CONFIG_CGROUP_PIDS=y CONFIG_CFS_BANDWIDTH=y CONFIG_USER_NS=y CONFIG_SERIAL_8250_CONSOLE=y; do
     grep -qx "$opt" "$config" || vm_die "$VM_KERNEL_VERSION lacks $opt: the VM boots without modules"
   done
+  vm_ensure_modules "$dir"
+}
+
+# The modules the guest loads at boot (guest-init.sh), from the kernel package kept in
+# $1/deb: overlayfs, which airlock's minimal root mounts per job and which Debian builds
+# as a module. Sets VM_MODULES (a directory of .ko files, possibly empty).
+vm_ensure_modules() {
+  local dir=$1 deb
+  VM_MODULES="$dir/modules"
+  [ -f "$VM_MODULES/.complete" ] && return 0
+  rm -rf "$VM_MODULES" "$VM_MODULES.tmp"
+  mkdir -p "$VM_MODULES.tmp"
+  if ! grep -qx 'CONFIG_OVERLAY_FS=y' "$dir"/boot/config-*; then
+    deb=$(echo "$dir"/deb/*.deb)
+    [ -f "$deb" ] || vm_die "no kernel package in $dir/deb to take overlay.ko from (remove $dir to download it again)"
+    dpkg-deb --fsys-tarfile "$deb" | tar -C "$VM_MODULES.tmp" -x --wildcards --no-anchored 'overlay.ko*'
+    find "$VM_MODULES.tmp" -name 'overlay.ko*' -type f -exec mv {} "$VM_MODULES.tmp/" \;
+    find "$VM_MODULES.tmp" -mindepth 1 -type d -exec rm -rf {} +
+    [ -n "$(ls "$VM_MODULES.tmp")" ] || vm_die "no overlay.ko in $deb"
+  fi
+  mv "$VM_MODULES.tmp" "$VM_MODULES"
+  touch "$VM_MODULES/.complete"
 }
 
 # Top-level directories that are symlinks into /usr on this (merged-/usr) host.
@@ -245,6 +268,8 @@ vm_build_image() {
     find "${VM_WITH[@]}" -type f -perm -u+x 2>/dev/null | vm_library_closure \
       | while IFS= read -r p; do if [ ! -e "$stage$p" ]; then echo "$p"; fi; done | vm_copy_paths "$stage"
   fi
+  mkdir -p "$stage$VM_GUEST_DIR/modules"
+  find "$VM_MODULES" -maxdepth 1 -name '*.ko*' -exec cp {} "$stage$VM_GUEST_DIR/modules/" \;
   printf '%s\n' "$command" >"$stage$VM_GUEST_DIR/command"
   {
     for p in "${VM_ENV[@]}"; do

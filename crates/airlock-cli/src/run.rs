@@ -502,5 +502,6 @@ fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
         },
         env,
         out: args.out.is_some() || args.return_files,
+        workspace: None,
     })
 }

@@ -140,6 +140,10 @@ pub struct JobRequest {
     /// Asks for a writable, size-capped `/out` whose files are released after the job
     /// (also on when the policy enables it).
     pub out: bool,
+    /// A session's host-side `/work`, set only by the session manager (never from a
+    /// caller's request): the job's `/work` is this directory, writable, and what the job
+    /// leaves there stays for the session's next call.
+    pub workspace: Option<std::path::PathBuf>,
 }
 
 /// A checked input file.
@@ -186,6 +190,10 @@ pub struct JobSpec {
     pub filesystem: FilesystemPolicy,
     /// The policy's version.
     pub policy_version: String,
+    /// A session's host-side `/work` (see [`JobRequest::workspace`]); `None` for a job
+    /// whose `/work` is its own, removed after it.
+    #[serde(default)]
+    pub workspace: Option<std::path::PathBuf>,
 }
 
 /// `sha256:<hex>` of some bytes.
@@ -345,9 +353,14 @@ impl JobRequest {
             filesystem: {
                 let mut fs = policy.filesystem.clone();
                 fs.out.enabled |= self.out;
+                // A session's /work carries its state: the job must be able to write it.
+                if self.workspace.is_some() {
+                    fs.workdir = policy::WorkdirMode::Rw;
+                }
                 fs
             },
             policy_version: policy.version.clone(),
+            workspace: self.workspace,
         })
     }
 }

@@ -58,6 +58,7 @@ pub fn open_with(
                 template,
                 size as usize,
                 loaded.policy.native.warm_idle,
+                loaded.policy.native.warm_preload.clone(),
             )
             .map_err(BackendError::from)?;
             tracing::info!(size, language = %loaded.policy.native.warm_language,

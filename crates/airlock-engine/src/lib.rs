@@ -11,6 +11,7 @@ pub mod images;
 pub mod out_dir;
 pub mod redaction;
 pub mod seccomp;
+pub mod sessions;
 pub mod teardowns;
 
 use std::path::{Path, PathBuf};
@@ -150,6 +151,53 @@ impl Engine {
         &self.policy
     }
 
+    /// The backend jobs run on.
+    pub fn backend_kind(&self) -> BackendKind {
+        self.backend_kind
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Turns a report into the observation: rendering, caps and the policy's redaction.
+    /// Every job's report goes through here, and so does each call of a kernel session,
+    /// whose output the host reads from the session's sandbox as it would a job's.
+    pub fn render(&self, id: JobId, report: airlock_core::RunReport) -> JobResult {
+        match self.redactor.get() {
+            Ok(redactor) => report.into_result(
+                id,
+                self.backend_kind,
+                &self.policy.version,
+                &|before, text, after| {
+                    let redacted = redactor.redact_between(before, &text, after);
+                    (redacted.text, redacted.count)
+                },
+            ),
+            Err(message) => JobResult {
+                observation: Observation::error(
+                    id,
+                    self.backend_kind,
+                    &self.policy.version,
+                    ErrorKind::Internal,
+                    // Never show output that could not be redacted.
+                    format!("{message}; the job ran but its output is withheld"),
+                ),
+                files: Vec::new(),
+                connections: Vec::new(),
+            },
+        }
+    }
+
+    /// Redacts one text with the policy's rules; `None` when the redactor could not be
+    /// built (the text must then not be shown).
+    pub fn redact(&self, text: &str) -> Option<(String, u64)> {
+        let redactor = self.redactor.get().ok()?;
+        let redacted = redactor.redact_between("", text, "");
+        Some((redacted.text, redacted.count))
+    }
+
     /// The backend's warm pool figures, when it keeps one.
     pub fn warm_pool(&self) -> Option<airlock_core::WarmPoolStats> {
         self.backend.as_ref().ok().and_then(|b| b.warm_pool())
@@ -214,6 +262,21 @@ impl Engine {
         interrupt: impl std::future::Future<Output = String>,
         sink: Option<OutputSink>,
     ) -> (JobResult, PendingTeardown) {
+        self.run_detached_with(request, tenant, None, interrupt, sink)
+            .await
+    }
+
+    /// Like [`Engine::run_detached`]; a `wall_time` replaces the resolved one after the
+    /// request passed the policy's checks. Only the session manager sets it: a kernel
+    /// session's one job lives for the session's `ttl`, and a call never outlives it.
+    pub(crate) async fn run_detached_with(
+        &self,
+        request: JobRequest,
+        tenant: Option<String>,
+        wall_time: Option<std::time::Duration>,
+        interrupt: impl std::future::Future<Output = String>,
+        sink: Option<OutputSink>,
+    ) -> (JobResult, PendingTeardown) {
         let received_at = SystemTime::now();
         let started = Instant::now();
         let mut context = AuditContext {
@@ -242,7 +305,10 @@ impl Engine {
                     e.to_string(),
                 ))
             }
-            Ok(spec) => {
+            Ok(mut spec) => {
+                if let Some(wall_time) = wall_time {
+                    spec.limits.timeout = wall_time;
+                }
                 context.source_sha256 = Some(spec.source_sha256.clone());
                 context.limits = Some(spec.limits.clone());
                 context.network = Some(spec.network);
@@ -289,26 +355,7 @@ impl Engine {
                     } {
                         Ok(report) => {
                             context.setup = report.setup;
-                            match self.redactor.get() {
-                                Ok(redactor) => report.into_result(
-                                    spec.id.clone(),
-                                    self.backend_kind,
-                                    &version,
-                                    &|before, text, after| {
-                                        let redacted =
-                                            redactor.redact_between(before, &text, after);
-                                        (redacted.text, redacted.count)
-                                    },
-                                ),
-                                // Never show output that could not be redacted.
-                                Err(message) => error_result(Observation::error(
-                                    spec.id.clone(),
-                                    self.backend_kind,
-                                    &version,
-                                    ErrorKind::Internal,
-                                    format!("{message}; the job ran but its output is withheld"),
-                                )),
-                            }
+                            self.render(spec.id.clone(), report)
                         }
                         Err(e) => {
                             tracing::warn!(kind = %e.kind, error = %e.message, "job failed to run");

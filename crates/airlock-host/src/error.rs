@@ -23,6 +23,32 @@ pub enum HostError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A session workspace could not be created, mounted or removed.
+    #[error("session workspace {path}: {op}")]
+    Workspace {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A path in a session workspace is refused or cannot be used.
+    #[error("{path:?} in the session's /work: {reason}")]
+    WorkspaceFile {
+        /// The path relative to `/work`, as asked.
+        path: String,
+        /// Why.
+        reason: String,
+        /// What the error is to the caller.
+        kind: ErrorKind,
+    },
+    /// No regular file at that path in a session workspace.
+    #[error("{path:?}: no such file in the session's /work")]
+    WorkspaceMissing {
+        /// The path relative to `/work`, as asked.
+        path: String,
+    },
     /// The runtime directory is unsafe or unusable.
     #[error("runtime directory {path}: {reason}")]
     RuntimeDir {
@@ -38,7 +64,11 @@ impl HostError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             HostError::RuntimeDir { .. } => ErrorKind::BackendUnavailable,
-            HostError::CreateJobDir { .. } | HostError::WriteInput { .. } => ErrorKind::Internal,
+            HostError::WorkspaceFile { kind, .. } => *kind,
+            HostError::WorkspaceMissing { .. } => ErrorKind::InvalidInput,
+            HostError::CreateJobDir { .. }
+            | HostError::WriteInput { .. }
+            | HostError::Workspace { .. } => ErrorKind::Internal,
         }
     }
 }

@@ -228,6 +228,9 @@ impl JobDir {
     /// Writes the job's source and input files into `work/` (new files only, never through
     /// a link), and hands `work/` to the job's uid when the policy makes it writable.
     pub fn write_job(&self, job: &JobSpec, ids: &IdMapping) -> Result<(), HostError> {
+        if let Some(workspace) = &job.workspace {
+            return self.write_session_job(job, workspace, ids);
+        }
         let work = self.work();
         write_new_file(&work.join(&job.source_file), &job.source, false)?;
         for file in &job.files {
@@ -253,6 +256,40 @@ impl JobDir {
             })?;
         }
         Ok(())
+    }
+
+    /// A session's job: `work` becomes a link to the session's workspace (so the backend
+    /// binds the workspace at `/work`, and what the job leaves there stays), the source
+    /// and input files are written into the workspace replacing what sits at their names,
+    /// and the workspace is handed to the job's uid. The link is the host's own, in a
+    /// directory no job sees; the workspace is walked without following the job's links.
+    fn write_session_job(
+        &self,
+        job: &JobSpec,
+        workspace: &Path,
+        ids: &IdMapping,
+    ) -> Result<(), HostError> {
+        let work = self.work();
+        let link_err = |source: io::Error| HostError::WriteInput {
+            path: work.clone(),
+            source,
+        };
+        fs::remove_dir(&work).map_err(link_err)?;
+        std::os::unix::fs::symlink(workspace, &work).map_err(link_err)?;
+        let root = crate::workspace::open_root(workspace)?;
+        let file_mode = |executable: bool| {
+            rustix::fs::Mode::from_raw_mode(if executable { 0o755 } else { 0o644 })
+        };
+        crate::workspace::write_file_at(&root, &job.source_file, &job.source, file_mode(false))?;
+        for file in &job.files {
+            crate::workspace::write_file_at(
+                &root,
+                &file.path,
+                &file.content,
+                file_mode(file.executable),
+            )?;
+        }
+        crate::workspace::chown_workspace(workspace, ids.job_host_uid(), ids.job_host_gid())
     }
 
     /// The directory bound at `/work`.

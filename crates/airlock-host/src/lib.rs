@@ -9,6 +9,7 @@ pub mod ids;
 pub mod jobdir;
 pub mod out;
 mod state;
+pub mod workspace;
 
 pub use error::HostError;
 pub use state::state_dir;

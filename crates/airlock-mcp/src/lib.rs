@@ -16,6 +16,7 @@ use std::sync::Arc;
 use airlock_core::units::format_duration;
 use airlock_core::{BoxFuture, ErrorKind, JobRequest, JobResult, Observation, Policy};
 use airlock_engine::Engine;
+use airlock_engine::sessions::{SessionCall, SessionError, SessionInfo, SessionRunResult};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -46,6 +47,102 @@ pub trait Executor: Send + Sync + 'static {
     /// Dropping the future must kill the job, free its slot and still audit it: that is
     /// how a cancelled or abandoned call ends its job.
     fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult>;
+
+    /// Opens a session for `tenant` (`session_start`). The default keeps none.
+    fn session_start(
+        &self,
+        tenant: Option<String>,
+    ) -> BoxFuture<'_, Result<SessionInfo, SessionError>> {
+        let _ = tenant;
+        Box::pin(async { Err(no_sessions()) })
+    }
+
+    /// Runs one call in a session `tenant` owns (`run_code` with `session`).
+    fn session_run(
+        &self,
+        tenant: Option<String>,
+        id: String,
+        call: SessionCall,
+    ) -> BoxFuture<'_, Result<SessionRunResult, SessionError>> {
+        let _ = (tenant, id, call);
+        Box::pin(async { Err(no_sessions()) })
+    }
+
+    /// Ends a session `tenant` owns (`session_end`).
+    fn session_end(
+        &self,
+        tenant: Option<String>,
+        id: String,
+    ) -> BoxFuture<'_, Result<(), SessionError>> {
+        let _ = (tenant, id);
+        Box::pin(async { Err(no_sessions()) })
+    }
+}
+
+fn no_sessions() -> SessionError {
+    SessionError::Unsupported(
+        "this MCP server keeps no sessions (use airlock serve's /mcp)".to_owned(),
+    )
+}
+
+/// The tool that opens a session.
+pub const SESSION_START_TOOL: &str = "session_start";
+/// The tool that ends a session.
+pub const SESSION_END_TOOL: &str = "session_end";
+
+/// The session tools, listed when `policy` enables sessions: closed input schemas, like
+/// `run_code`'s.
+pub fn session_tools(policy: &Policy) -> Vec<Tool> {
+    if !policy.sessions.enabled {
+        return Vec::new();
+    }
+    let closed = |properties: Value, required: Value| match serde_json::json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false
+    }) {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(serde_json::Map::new()),
+    };
+    let s = &policy.sessions;
+    vec![
+        Tool::new(
+            SESSION_START_TOOL,
+            format!(
+                "Open a session and get its id; pass it as run_code's `session` to keep state \
+                 between calls ({what}). It ends with session_end, after {idle} without a call, \
+                 and at {ttl} at the latest; at most {max} open at once.",
+                what = match s.mode {
+                    airlock_core::policy::SessionMode::Workspace =>
+                        "files in /work persist; each call is still a fresh sandbox",
+                    airlock_core::policy::SessionMode::Kernel =>
+                        "a Python interpreter whose variables persist, like a notebook; the last expression's value is returned",
+                },
+                idle = format_duration(s.idle),
+                ttl = format_duration(s.ttl),
+                max = s.max_per_tenant,
+            ),
+            closed(serde_json::json!({}), serde_json::json!([])),
+        ),
+        Tool::new(
+            SESSION_END_TOOL,
+            "End a session: its sandbox and every file in it are destroyed.",
+            closed(
+                serde_json::json!({"session": {"type": "string", "description": "The id session_start returned."}}),
+                serde_json::json!(["session"]),
+            ),
+        ),
+    ]
+}
+
+/// The result of a session operation that failed, in the error observation's shape.
+fn session_error_result(error: &SessionError, policy: &Policy) -> CallToolResult {
+    observation_result(&airlock_engine::early_error(
+        error.kind(),
+        error.to_string(),
+        &policy.version,
+    ))
 }
 
 /// A result that is only an observation (a job that never ran has no files).
@@ -110,6 +207,9 @@ impl RunCodeServer {
         let params: Result<RunCodeParams, _> =
             serde_json::from_value(arguments.unwrap_or(Value::Object(Default::default())));
         let (request, return_files) = match params {
+            Ok(params) if params.session.is_some() => {
+                return self.call_in_session(params, tenant, &policy).await;
+            }
             Ok(params) => {
                 let return_files = params.return_files;
                 (params.into_request(&policy), return_files)
@@ -129,6 +229,117 @@ impl RunCodeServer {
             result.inline_files(policy.filesystem.out.inline_bytes.as_u64());
         }
         observation_result(&result.observation)
+    }
+
+    async fn call_in_session(
+        &self,
+        params: RunCodeParams,
+        tenant: Option<String>,
+        policy: &Policy,
+    ) -> CallToolResult {
+        let refuse = |message: &str| {
+            observation_result(&airlock_engine::early_error(
+                ErrorKind::InvalidInput,
+                message,
+                &policy.version,
+            ))
+        };
+        if !params.files.is_empty() || params.return_files {
+            return refuse(
+                "files and return_files do not apply to a session call: the session's /work keeps the files the code writes",
+            );
+        }
+        let timeout = match params
+            .timeout_s
+            .map(|s| tool::seconds("timeout_s", s))
+            .transpose()
+        {
+            Ok(t) => t,
+            Err((_, message)) => return refuse(&message),
+        };
+        let id = params.session.unwrap_or_default();
+        let call = SessionCall {
+            code: params.code,
+            language: params.language,
+            timeout,
+            html: false,
+        };
+        match self.executor.session_run(tenant, id, call).await {
+            Err(e) => session_error_result(&e, policy),
+            Ok(result) => {
+                let mut value = serde_json::to_value(&result.observation).unwrap_or_default();
+                // The observation's schema is open: the session's part rides beside it.
+                value["session"] = serde_json::json!({
+                    "id": result.session_id,
+                    "call": result.call,
+                    "value": result.value,
+                    "error": result.error,
+                    "kernel_restarted": result.kernel_restarted,
+                });
+                // A chart is for the model to see: an image block of its own, and not its
+                // base64 a second time in the JSON.
+                let mut images = Vec::new();
+                if let Some(files) = value["files"].as_array_mut() {
+                    for file in files {
+                        if file["media_type"] == "image/png"
+                            && let Some(Value::String(data)) = file
+                                .as_object_mut()
+                                .and_then(|f| f.remove("content_base64"))
+                        {
+                            images.push(rmcp::model::ContentBlock::image(data, "image/png"));
+                        }
+                    }
+                }
+                let mut answer = if result.observation.ok && result.error.is_none() {
+                    CallToolResult::structured(value)
+                } else {
+                    CallToolResult::structured_error(value)
+                };
+                answer.content.extend(images);
+                answer
+            }
+        }
+    }
+
+    async fn call_session_tool(
+        &self,
+        name: &str,
+        arguments: Option<Value>,
+        tenant: Option<String>,
+    ) -> CallToolResult {
+        let policy = self.executor.policy(tenant.as_deref());
+        let arguments = arguments.unwrap_or(Value::Object(Default::default()));
+        let bad = |message: String| {
+            observation_result(&airlock_engine::early_error(
+                ErrorKind::InvalidInput,
+                message,
+                &policy.version,
+            ))
+        };
+        let Some(object) = arguments.as_object() else {
+            return bad("arguments: expected an object".to_owned());
+        };
+        if name == SESSION_START_TOOL {
+            if let Some(key) = object.keys().next() {
+                return bad(format!(
+                    "arguments: unknown field {key:?}; session_start takes none"
+                ));
+            }
+            return match self.executor.session_start(tenant).await {
+                Ok(info) => CallToolResult::structured(serde_json::json!({"session": info})),
+                Err(e) => session_error_result(&e, &policy),
+            };
+        }
+        if let Some(key) = object.keys().find(|k| *k != "session") {
+            return bad(format!("arguments: unknown field {key:?}"));
+        }
+        let Some(id) = object.get("session").and_then(Value::as_str) else {
+            return bad("arguments: session (a string) is required".to_owned());
+        };
+        match self.executor.session_end(tenant, id.to_owned()).await {
+            Ok(()) => CallToolResult::structured(serde_json::json!({"ended": id})),
+            Err(e) => session_error_result(&e, &policy),
+        }
     }
 
     /// Like [`RunCodeServer::call`], but when `cancelled` completes first the call is
@@ -197,13 +408,18 @@ impl ServerHandler for RunCodeServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let tenant = tenant_of(&context);
-        Ok(ListToolsResult::with_all_items(vec![
-            self.tool(tenant.as_deref()),
-        ]))
+        let mut tools = vec![self.tool(tenant.as_deref())];
+        tools.extend(session_tools(&self.executor.policy(tenant.as_deref())));
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        (name == TOOL_NAME).then(|| self.tool(None))
+        if name == TOOL_NAME {
+            return Some(self.tool(None));
+        }
+        session_tools(&self.executor.policy(None))
+            .into_iter()
+            .find(|t| t.name == name)
     }
 
     async fn call_tool(
@@ -211,6 +427,18 @@ impl ServerHandler for RunCodeServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if request.name == SESSION_START_TOOL || request.name == SESSION_END_TOOL {
+            let tenant = tenant_of(&context);
+            let arguments = request.arguments.map(Value::Object);
+            return tokio::select! {
+                result = self.call_session_tool(&request.name, arguments, tenant) => Ok(result.into()),
+                () = context.ct.cancelled() => Err(ErrorData::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "the call was cancelled",
+                    None,
+                )),
+            };
+        }
         if request.name != TOOL_NAME {
             return Err(ErrorData::invalid_params(
                 format!(

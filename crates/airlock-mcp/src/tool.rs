@@ -50,6 +50,11 @@ pub struct RunCodeParams {
     )]
     #[schemars(with = "bool")]
     pub return_files: bool,
+    /// A session id from `session_start`: the code runs in that session (its files, and in
+    /// a kernel session its Python variables, persist between calls). Absent: a fresh
+    /// sandbox that keeps nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// An input file of a `run_code` call.
@@ -206,6 +211,14 @@ fn params_schema(policy: &Policy) -> Value {
             "maximum".to_owned(),
             Value::from(policy.limits.timeout.as_secs_f64()),
         );
+    }
+    // `session` only where sessions exist: a model is not offered what would be refused.
+    if !policy.sessions.enabled
+        && let Some(properties) = value
+            .pointer_mut("/properties")
+            .and_then(Value::as_object_mut)
+    {
+        properties.remove("session");
     }
     value
 }
@@ -439,6 +452,13 @@ mod tests {
         assert_eq!(
             parameters["properties"]["files"]["type"],
             serde_json::json!(["array", "null"])
+        );
+        let mut with_sessions = Policy::builtin();
+        with_sessions.sessions.enabled = true;
+        let offered = function_schema(&with_sessions, ToolSchemaFormat::Chat);
+        assert_eq!(
+            offered["function"]["parameters"]["properties"]["session"]["type"],
+            serde_json::json!(["string", "null"])
         );
         let responses = function_schema(&policy, ToolSchemaFormat::Responses);
         assert_eq!(responses["name"], "run_code");

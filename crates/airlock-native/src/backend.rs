@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 
 use crate::error::NativeError;
 use crate::helper::{Helper, HelperCommand, HelperInput, HelperOutput, Placement, Started};
+use crate::minimal_root::{MinimalRoot, MinimalRootSpec, ProgramState};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::plan::{
     CONTROL_FD, HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, MSGQUEUE_RLIMIT_BYTES,
@@ -100,6 +101,10 @@ pub struct NativeConfig {
     pub allow_degraded: Vec<DegradedControl>,
     /// The image store `image:` rootfs specs are resolved in (`[images] store`).
     pub image_store: PathBuf,
+    /// Where the minimal host root is prepared ([`crate::minimal_root::cache_dir`]).
+    pub cache_dir: PathBuf,
+    /// What the minimal host root (`rootfs = "host"`) holds.
+    pub minimal_root: MinimalRootSpec,
 }
 
 impl NativeConfig {
@@ -112,6 +117,8 @@ impl NativeConfig {
             host_uid_base: policy.native.host_uid_base,
             allow_degraded: policy.native.allow_degraded.clone(),
             image_store: airlock_oci::store::store_dir(&policy.images),
+            cache_dir: crate::minimal_root::cache_dir(),
+            minimal_root: MinimalRootSpec::from_policy(policy),
         }
     }
 }
@@ -127,6 +134,8 @@ pub struct NativeBackend {
     ids: IdMapping,
     seccomp: CompiledSeccomp,
     host_layout: RootfsLayout,
+    /// The minimal host root, prepared on the first `rootfs = "host"` job.
+    minimal: MinimalRoot,
 }
 
 impl std::fmt::Debug for NativeBackend {
@@ -207,7 +216,9 @@ impl NativeBackend {
             source,
         })?;
         sweep_stale_jobs(&runtime, cgroups.as_ref());
+        let minimal = MinimalRoot::new(config.minimal_root.clone(), config.cache_dir.clone());
         Ok(Self {
+            minimal,
             config,
             runtime,
             cgroups,
@@ -274,6 +285,38 @@ impl NativeBackend {
         )
     }
 
+    /// The minimal root's layout for `job`, refusing a job whose interpreter the host
+    /// lacks or cannot run.
+    fn minimal_layout(&self, job: &JobSpec) -> Result<RootfsLayout, NativeError> {
+        crate::minimal_root::require_overlayfs()?;
+        let prepared = self.minimal.get()?;
+        if let Some(program) = job.argv.first() {
+            match prepared.manifest.programs.get(program) {
+                Some(ProgramState::Missing) => {
+                    return Err(NativeError::InterpreterMissing {
+                        detail: format!(
+                            "{program} is not installed on this host (looked in {}), so the \
+                             minimal root (rootfs = \"host\") has none",
+                            crate::minimal_root::JOB_PATH_DIRS.join(":")
+                        ),
+                    });
+                }
+                Some(ProgramState::Broken { reason }) => {
+                    return Err(NativeError::InterpreterMissing {
+                        detail: format!("{program} on this host cannot run: {reason}"),
+                    });
+                }
+                Some(ProgramState::Found { .. }) | None => {}
+            }
+        }
+        RootfsLayout::probe_prepared(&prepared.tree, &prepared.spare).map_err(|source| {
+            NativeError::Rootfs {
+                path: prepared.tree.clone(),
+                source,
+            }
+        })
+    }
+
     pub(crate) fn plan(
         &self,
         job: &JobSpec,
@@ -281,7 +324,16 @@ impl NativeBackend {
         cgroup: Option<&JobCgroup>,
     ) -> Result<SandboxPlan, NativeError> {
         let layout = match &job.filesystem.rootfs {
-            RootfsSpec::Host => self.host_layout.clone(),
+            RootfsSpec::Host => self.minimal_layout(job)?,
+            RootfsSpec::HostFull => {
+                // The whole host view, but through overlays of the job's own: no inode of
+                // the host's system directories is the job's.
+                crate::minimal_root::require_overlayfs()?;
+                let mut layout = self.host_layout.clone();
+                layout.overlay_spare =
+                    Some(crate::minimal_root::spare_dir(&self.config.cache_dir)?);
+                layout
+            }
             RootfsSpec::Dir(path) => {
                 RootfsLayout::probe_dir(path).map_err(|source| NativeError::Rootfs {
                     path: path.clone(),
@@ -535,7 +587,7 @@ impl NativeBackend {
             // The pinned digest, as the container backends report it.
             image_digest: match &job.filesystem.rootfs {
                 RootfsSpec::Image { digest, .. } => Some(digest.clone()),
-                RootfsSpec::Host | RootfsSpec::Dir(_) => None,
+                RootfsSpec::Host | RootfsSpec::HostFull | RootfsSpec::Dir(_) => None,
             },
             degraded: self.degraded.clone(),
             out_files: released.files,

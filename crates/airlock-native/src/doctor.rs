@@ -432,7 +432,7 @@ fn id_mapping_check(policy: &Policy, root: bool) -> Check {
 
 fn rootfs_checks(policy: &Policy) -> Vec<Check> {
     let root = match &policy.filesystem.rootfs {
-        RootfsSpec::Host => Path::new("/").to_owned(),
+        RootfsSpec::Host | RootfsSpec::HostFull => Path::new("/").to_owned(),
         RootfsSpec::Dir(p) => p.clone(),
         RootfsSpec::Image { reference, digest } => match image_checks(policy, reference, digest) {
             Ok((tree, checks)) => {
@@ -457,7 +457,81 @@ fn rootfs_checks(policy: &Policy) -> Vec<Check> {
         format!("{} (read-only)", policy.filesystem.rootfs),
     ));
     checks.extend(language_checks(policy, &root));
+    checks.extend(host_root_check(policy));
     checks
+}
+
+/// What the host rootfs kinds show the job: the minimal root's content (nothing is
+/// copied here), or a warning that `host-full` shows every program of the host.
+fn host_root_check(policy: &Policy) -> Option<Check> {
+    use crate::minimal_root::{self, MinimalRootSpec, ProgramState, RootData};
+    match policy.filesystem.rootfs {
+        RootfsSpec::Host | RootfsSpec::HostFull if !minimal_root::overlayfs_available() => {
+            Some(Check::missing(
+                "host root",
+                "this kernel has no overlayfs (/proc/filesystems): every job would be refused",
+                "load it as root (modprobe overlay), or use rootfs = \"dir:...\" or \"image:...\"",
+            ))
+        }
+        RootfsSpec::HostFull => Some(Check::warning(
+            "host root",
+            "rootfs = \"host-full\" shows jobs every program installed on the host \
+             (compilers, ssh, curl, git, cloud and container tools), each surface a job does \
+             not need",
+            "use rootfs = \"host\" (the minimal root: the languages' interpreters, their \
+             standard libraries and a few utilities) and name package directories jobs \
+             import in [filesystem] site_packages",
+        )),
+        RootfsSpec::Host => {
+            let spec = MinimalRootSpec::from_policy(policy);
+            let collected = RootData::builtin()
+                .map_err(std::io::Error::other)
+                .and_then(|data| minimal_root::collect(&spec, &data));
+            Some(match collected {
+                Err(e) => Check::missing(
+                    "host root",
+                    format!("the minimal root cannot be assembled: {e}"),
+                    "check the languages' interpreters and [filesystem] site_packages",
+                ),
+                Ok(c) => {
+                    let broken: Vec<String> = c
+                        .programs
+                        .iter()
+                        .filter_map(|(p, s)| match s {
+                            ProgramState::Broken { reason } => Some(format!("{p}: {reason}")),
+                            _ => None,
+                        })
+                        .collect();
+                    if broken.is_empty() {
+                        Check::ok(
+                            "host root",
+                            format!(
+                                "minimal: {} host paths for {}, copied once into {}{}",
+                                c.paths().count(),
+                                spec.programs.join(", "),
+                                minimal_root::cache_dir().display(),
+                                if c.missing_utilities.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(
+                                        "; utilities this host lacks: {}",
+                                        c.missing_utilities.join(", ")
+                                    )
+                                }
+                            ),
+                        )
+                    } else {
+                        Check::warning(
+                            "host root",
+                            format!("broken interpreters: {}", broken.join("; ")),
+                            "reinstall them, or remove their [languages] entries",
+                        )
+                    }
+                }
+            })
+        }
+        RootfsSpec::Dir(_) | RootfsSpec::Image { .. } => None,
+    }
 }
 
 /// The image a policy pins: in the store, unpacked (unpacking it now if needed), and

@@ -61,6 +61,16 @@ pub enum NativeError {
         /// The explanation.
         detail: String,
     },
+    /// Preparing the minimal host root (`rootfs = "host"`) failed.
+    #[error("minimal host root: {step} {path}")]
+    MinimalRoot {
+        /// What was being done.
+        step: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The interpreter is not in the rootfs.
     #[error("{detail} (is the language installed in this rootfs?)")]
     InterpreterMissing {
@@ -75,7 +85,8 @@ impl NativeError {
         match self {
             NativeError::Unsupported { .. }
             | NativeError::FeatureUnavailable { .. }
-            | NativeError::Rootfs { .. } => ErrorKind::BackendUnavailable,
+            | NativeError::Rootfs { .. }
+            | NativeError::MinimalRoot { .. } => ErrorKind::BackendUnavailable,
             NativeError::InterpreterMissing { .. } => ErrorKind::InvalidInput,
             NativeError::Host(e) => e.kind(),
             NativeError::Cgroup(_)

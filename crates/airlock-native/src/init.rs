@@ -722,6 +722,41 @@ fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
             .step(|| format!("bind {} to /{target}", source.display()))?;
             remount_bind(&path, options)?;
         }
+        MountStep::Overlay {
+            lower,
+            spare,
+            target,
+            options,
+        } => {
+            let path = root.join(target);
+            mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
+            let layer = |p: &Path| -> Result<String, StepFailure> {
+                let text = p.to_str().unwrap_or(",");
+                // overlayfs splits its options on ',' and its layers on ':'.
+                if text.contains([',', ':', '\\']) {
+                    return Err(bad_input(
+                        "overlay",
+                        &format!("{} has a ',', ':' or '\\' in its path", p.display()),
+                    ));
+                }
+                Ok(text.to_owned())
+            };
+            let data = CString::new(format!("lowerdir={}:{}", layer(lower)?, layer(spare)?))
+                .map_err(|_| bad_input("overlay", "a layer path contains a NUL byte"))?;
+            sysmount::mount(
+                Some(c"airlock-root"),
+                &cpath(&path)?,
+                Some(c"overlay"),
+                mount_flags(options) | flags::RDONLY,
+                Some(&data),
+            )
+            .step(|| {
+                format!(
+                    "mount overlay of {} on /{target} (overlayfs in a user namespace needs Linux 5.11+)",
+                    lower.display()
+                )
+            })?;
+        }
         MountStep::Proc { target } => {
             let path = root.join(target);
             sysmount::mount(

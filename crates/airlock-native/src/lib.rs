@@ -7,10 +7,12 @@
 
 pub mod backend;
 pub mod doctor;
+mod elf;
 mod error;
 mod handoff;
 mod helper;
 pub mod init;
+pub mod minimal_root;
 mod mount_plan;
 pub mod plan;
 mod pool;

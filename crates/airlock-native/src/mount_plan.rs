@@ -97,6 +97,10 @@ pub struct RootfsLayout {
     pub entries: Vec<RootEntry>,
     /// Host `/etc` extras that exist (host profile only), as relative paths.
     pub etc_extras: Vec<String>,
+    /// When set, each directory entry is mounted as a read-only overlayfs of its own (this
+    /// empty directory its second layer) rather than bound: the job then sees its own
+    /// superblock and inodes, so neither inotify nor file locks reach the source's.
+    pub overlay_spare: Option<PathBuf>,
 }
 
 impl RootfsLayout {
@@ -123,7 +127,16 @@ impl RootfsLayout {
             synthesize_etc: true,
             entries,
             etc_extras,
+            overlay_spare: None,
         })
+    }
+
+    /// Reads a prepared minimal root (crate::minimal_root): its top-level entries, each
+    /// directory an overlay with `spare` as the second layer; `/etc` is in the tree.
+    pub fn probe_prepared(tree: &Path, spare: &Path) -> io::Result<Self> {
+        let mut layout = Self::probe_dir(tree)?;
+        layout.overlay_spare = Some(spare.to_owned());
+        Ok(layout)
     }
 
     /// Reads a `dir:` rootfs: every top-level entry but those airlock provides.
@@ -154,6 +167,7 @@ impl RootfsLayout {
             synthesize_etc: false,
             entries,
             etc_extras: Vec::new(),
+            overlay_spare: None,
         })
     }
 }
@@ -213,6 +227,18 @@ pub const ETC_HOSTS: &str =
 /// The synthesized `/etc/nsswitch.conf`: files only, there is no directory service.
 pub const ETC_NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
 
+/// The synthesized `/etc` files (beside the `mtab` link to `/proc/self/mounts`).
+pub fn synthesized_etc() -> [(&'static str, &'static str); 6] {
+    [
+        ("passwd", ETC_PASSWD),
+        ("group", ETC_GROUP),
+        ("hosts", ETC_HOSTS),
+        ("hostname", "airlock\n"),
+        ("resolv.conf", ""),
+        ("nsswitch.conf", ETC_NSSWITCH),
+    ]
+}
+
 /// Builds the plan. Pure: every host fact comes in through `layout`.
 pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep> {
     let mut steps = Vec::new();
@@ -226,6 +252,12 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
     // The rootfs's system directories, read-only; links recreated as they are.
     for entry in &layout.entries {
         steps.push(match entry {
+            RootEntry::Dir(name) if layout.overlay_spare.is_some() => MountStep::Overlay {
+                lower: layout.root.join(name),
+                spare: layout.overlay_spare.clone().unwrap_or_default(),
+                target: name.clone(),
+                options: MountOptions::RO,
+            },
             RootEntry::Dir(name) | RootEntry::File(name) => MountStep::Bind {
                 source: layout.root.join(name),
                 target: name.clone(),
@@ -244,14 +276,7 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
             target: "etc".to_owned(),
             mode: 0o755,
         });
-        for (name, content) in [
-            ("passwd", ETC_PASSWD),
-            ("group", ETC_GROUP),
-            ("hosts", ETC_HOSTS),
-            ("hostname", "airlock\n"),
-            ("resolv.conf", ""),
-            ("nsswitch.conf", ETC_NSSWITCH),
-        ] {
+        for (name, content) in synthesized_etc() {
             steps.push(MountStep::File {
                 target: format!("etc/{name}"),
                 content: content.to_owned(),
@@ -417,6 +442,17 @@ pub fn render_plan(steps: &[MountStep]) -> String {
                 opts(options),
                 if *optional { " (if present)" } else { "" }
             ),
+            MountStep::Overlay {
+                lower,
+                spare,
+                target,
+                options,
+            } => format!(
+                "overlay {}:{} -> /{target} {}",
+                lower.display(),
+                spare.display(),
+                opts(options)
+            ),
             MountStep::Proc { target } => format!("proc    /{target}"),
             MountStep::Mask { target } => format!("mask    /{target}"),
             MountStep::ReadonlyBind { target } => format!("ro-bind /{target}"),
@@ -450,6 +486,53 @@ mod tests {
                 "etc/alternatives".into(),
                 "etc/ssl/certs".into(),
             ],
+            overlay_spare: None,
+        }
+    }
+
+    fn minimal_root() -> RootfsLayout {
+        RootfsLayout {
+            root: PathBuf::from("/var/cache/airlock/roots/minimal-K/copy-H/root"),
+            synthesize_etc: false,
+            entries: vec![
+                RootEntry::Symlink("bin".into(), "usr/bin".into()),
+                RootEntry::Dir("etc".into()),
+                RootEntry::Symlink("lib".into(), "usr/lib".into()),
+                RootEntry::Symlink("lib64".into(), "usr/lib64".into()),
+                RootEntry::Dir("usr".into()),
+            ],
+            etc_extras: Vec::new(),
+            overlay_spare: Some(PathBuf::from(
+                "/var/cache/airlock/roots/minimal-K/copy-H/empty",
+            )),
+        }
+    }
+
+    #[test]
+    fn minimal_root_plan_snapshot() {
+        insta::assert_snapshot!(render_plan(&build_mount_plan(&minimal_root(), &job())));
+    }
+
+    #[test]
+    fn minimal_root_directories_are_read_only_overlays_never_host_binds() {
+        let plan = build_mount_plan(&minimal_root(), &job());
+        let overlays: Vec<&MountStep> = plan
+            .iter()
+            .filter(|s| matches!(s, MountStep::Overlay { .. }))
+            .collect();
+        assert_eq!(overlays.len(), 2, "{plan:#?}");
+        for step in &plan {
+            match step {
+                MountStep::Overlay { options, .. } => {
+                    assert!(options.readonly && options.nosuid && options.nodev)
+                }
+                MountStep::Bind { source, target, .. } => assert!(
+                    target == "work" || source.starts_with("/dev/"),
+                    "the minimal root binds {}",
+                    source.display()
+                ),
+                _ => {}
+            }
         }
     }
 

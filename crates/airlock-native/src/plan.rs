@@ -166,6 +166,19 @@ pub enum MountStep {
         /// Skip silently when the source does not exist (optional extras such as CA certs).
         optional: bool,
     },
+    /// Mount a read-only overlayfs whose layers are `lower` and the empty `spare`
+    /// (overlayfs needs two lower layers when it has no upper one): the files of `lower`
+    /// under a superblock, and so inodes, of the job's own.
+    Overlay {
+        /// Host directory shown.
+        lower: PathBuf,
+        /// An empty host directory.
+        spare: PathBuf,
+        /// Mount point in the new root (created if missing).
+        target: String,
+        /// Options (read-only always).
+        options: MountOptions,
+    },
     /// Mount a fresh procfs for the job's pid namespace.
     Proc {
         /// Mount point in the new root.

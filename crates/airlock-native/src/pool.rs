@@ -109,6 +109,8 @@ struct Counters {
 struct Shared {
     backend: Arc<NativeBackend>,
     template: JobSpec,
+    /// Modules each warm interpreter imports while it waits ([native] warm_preload).
+    preload: Vec<String>,
     size: usize,
     idle_max: Duration,
     ready: Mutex<VecDeque<Warm>>,
@@ -140,6 +142,7 @@ impl PooledNative {
         template: JobSpec,
         size: usize,
         idle_max: Duration,
+        preload: Vec<String>,
     ) -> Result<Self, NativeError> {
         if template.network != NetworkMode::None {
             return Err(NativeError::Unsupported {
@@ -161,7 +164,7 @@ impl PooledNative {
                 ),
             });
         }
-        if warm_argv(&template).is_none() {
+        if warm_argv(&template, &preload).is_none() {
             return Err(NativeError::Unsupported {
                 control: "warm pool",
                 reason: format!(
@@ -173,6 +176,7 @@ impl PooledNative {
         let shared = Arc::new(Shared {
             backend,
             template,
+            preload,
             size,
             idle_max,
             ready: Mutex::new(VecDeque::with_capacity(size)),
@@ -409,16 +413,54 @@ impl Backend for PooledNative {
     }
 }
 
-/// The warm sandbox's argv: the template's interpreter and flags, then `-c BOOTSTRAP` in
-/// place of the source file. `None` unless the template ends with the source file.
-fn warm_argv(template: &JobSpec) -> Option<Vec<String>> {
+/// What a warm sandbox's interpreter runs before the bootstrap when the policy names
+/// modules to preload (`{MODULES}`: a Python list of the checked module names). It imports
+/// each with the interpreter's own output sent to `/dev/null` and warnings silenced, so
+/// nothing of it reaches the job's output; a module that fails to import is skipped.
+pub const PYTHON_PRELOAD: &str = r#"def _airlock_preload(names):
+    import importlib, os, sys, warnings
+    null = os.open(os.devnull, os.O_WRONLY)
+    saved = [os.dup(1), os.dup(2)]
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except Exception:
+                    pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved + [null]:
+            os.close(fd)
+_airlock_preload({MODULES})
+del _airlock_preload
+"#;
+
+/// The warm sandbox's argv: the template's interpreter and flags, then `-c BOOTSTRAP`
+/// (after the preload, when there is one) in place of the source file. `None` unless the
+/// template ends with the source file.
+fn warm_argv(template: &JobSpec, preload: &[String]) -> Option<Vec<String>> {
     let (script, flags) = template.argv.split_last()?;
     if *script != format!("{}/{}", airlock_core::job::WORKDIR, template.source_file) {
         return None;
     }
     let mut argv = flags.to_vec();
     argv.push("-c".to_owned());
-    argv.push(PYTHON_BOOTSTRAP.to_owned());
+    if preload.is_empty() {
+        argv.push(PYTHON_BOOTSTRAP.to_owned());
+    } else {
+        // The names are checked identifiers ([native] warm_preload): as Python string
+        // literals they need no escaping.
+        let names: Vec<String> = preload.iter().map(|m| format!("\"{m}\"")).collect();
+        let preamble = PYTHON_PRELOAD.replace("{MODULES}", &format!("[{}]", names.join(", ")));
+        argv.push(format!("{preamble}{PYTHON_BOOTSTRAP}"));
+    }
     Some(argv)
 }
 
@@ -436,6 +478,8 @@ pub fn fits(template: &JobSpec, job: &JobSpec) -> bool {
         && job.argv.iter().all(|a| !a.contains('\0'))
         && job.env == template.env
         && job.network == NetworkMode::None
+        // A session's /work is bound when the sandbox is built; a warm one has its own.
+        && job.workspace.is_none()
         && job.filesystem == template.filesystem
         && j.memory == t.memory
         && j.cpus == t.cpus
@@ -476,7 +520,7 @@ async fn launch_warm(shared: &Shared) -> Result<Warm, NativeError> {
         }
     };
     plan.job_id.clone_from(&name);
-    plan.argv = warm_argv(template).unwrap_or_default();
+    plan.argv = warm_argv(template, &shared.preload).unwrap_or_default();
     plan.control_fd = true;
     match backend.launch(&name, &plan, true).await {
         Ok(launched) => Ok(Warm {

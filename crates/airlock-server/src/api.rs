@@ -213,6 +213,7 @@ impl RunRequest {
             },
             env: self.env,
             out: self.return_files,
+            workspace: None,
         })
     }
 }
@@ -262,6 +263,153 @@ pub struct Health {
     pub max_in_flight: u64,
     /// Most jobs waiting.
     pub max_queue: u64,
+}
+
+/// `POST /v1/sessions/{id}/runs`: one call in a session.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRunRequest {
+    /// The code. A `kernel` session runs it in its Python interpreter, whose globals
+    /// persist between calls, and returns the last expression's value like a notebook
+    /// cell; a `workspace` session runs it as a fresh job whose /work is the session's.
+    pub code: String,
+    /// The language (`workspace` sessions; a `kernel` session is python only); the
+    /// policy's default language when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// The call's wall time in seconds (at most the policy's `[limits] timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// A `kernel` session: also return the HTML of the cell's value when it has one (a
+    /// pandas DataFrame's table), as the file `value.html` in `observation.files`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub html: bool,
+}
+
+impl SessionRunRequest {
+    /// The call this request asks for.
+    pub fn into_call(self) -> Result<airlock_engine::sessions::SessionCall, ParamsError> {
+        if self.code.contains('\0') {
+            return Err(invalid("code: contains a NUL byte".into()));
+        }
+        Ok(airlock_engine::sessions::SessionCall {
+            code: self.code,
+            language: self.language,
+            timeout: self
+                .timeout_s
+                .map(|s| seconds("timeout_s", s))
+                .transpose()?,
+            html: self.html,
+        })
+    }
+}
+
+/// What a session keeps between calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionModeName {
+    /// Each call is a fresh sandbox; only /work persists.
+    Workspace,
+    /// One sandbox holding a Python interpreter whose globals persist.
+    Kernel,
+}
+
+/// A session (`POST /v1/sessions`, `GET /v1/sessions/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionBody {
+    /// The session's id (only its tenant can use it; to others it does not exist).
+    pub id: String,
+    /// What the session keeps between calls.
+    pub mode: SessionModeName,
+    /// When it was opened (RFC 3339).
+    pub created_at: String,
+    /// When it ends at the latest, whatever its use (RFC 3339).
+    pub expires_at: String,
+    /// Seconds without a call after which it is destroyed.
+    pub idle_timeout_s: u64,
+    /// Calls made so far.
+    pub calls: u64,
+}
+
+impl From<airlock_engine::sessions::SessionInfo> for SessionBody {
+    fn from(info: airlock_engine::sessions::SessionInfo) -> Self {
+        Self {
+            id: info.id,
+            mode: match info.mode {
+                airlock_core::policy::SessionMode::Workspace => SessionModeName::Workspace,
+                airlock_core::policy::SessionMode::Kernel => SessionModeName::Kernel,
+            },
+            created_at: info.created_at,
+            expires_at: info.expires_at,
+            idle_timeout_s: info.idle_timeout_s,
+            calls: info.calls,
+        }
+    }
+}
+
+/// The exception a kernel call raised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CellErrorBody {
+    /// The exception's class name, e.g. "NameError".
+    pub name: String,
+    /// Its message (redacted). The traceback is in the observation's stderr.
+    pub value: String,
+}
+
+/// The answer to a session call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionRunResponse {
+    /// The session.
+    pub session_id: String,
+    /// The call's number in the session, from 1.
+    pub call: u64,
+    /// The call's observation: stdout, stderr, outcome (`timeout` when the call reached
+    /// its wall time), duration. `workspace` sessions: the job's whole observation.
+    pub observation: airlock_core::Observation,
+    /// `kernel` sessions: the repr of the cell's last expression when it is not None
+    /// (redacted, bounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `kernel` sessions: the exception the call raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<CellErrorBody>,
+    /// `kernel` sessions: set (to the reason) when the kernel had died since the last
+    /// call (out of memory, a call that would not stop) and this call ran in a fresh one:
+    /// every variable is gone, the files in /work remain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_restarted: Option<String>,
+}
+
+impl From<airlock_engine::sessions::SessionRunResult> for SessionRunResponse {
+    fn from(r: airlock_engine::sessions::SessionRunResult) -> Self {
+        Self {
+            session_id: r.session_id,
+            call: r.call,
+            observation: r.observation,
+            value: r.value,
+            error: r.error.map(|e| CellErrorBody {
+                name: e.name,
+                value: e.value,
+            }),
+            kernel_restarted: r.kernel_restarted,
+        }
+    }
+}
+
+/// A file of a session's /work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionFile {
+    /// Path relative to /work.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// `GET /v1/sessions/{id}/files`: the regular files of the session's /work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionFiles {
+    /// In path order.
+    pub files: Vec<SessionFile>,
 }
 
 /// One output chunk of a streamed run (`event: stdout` or `event: stderr`).

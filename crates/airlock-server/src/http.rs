@@ -25,10 +25,15 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{ErrorBody, Health, OutputChunk, RunRequest};
+use crate::api::{
+    ErrorBody, Health, OutputChunk, RunRequest, SessionBody, SessionFile, SessionFiles,
+    SessionRunRequest, SessionRunResponse,
+};
 use crate::auth::{TokensFile, bearer_token};
 use crate::metrics::ExpositionFormat;
 use crate::runner::{Phase, Refusal, Runner};
+use airlock_engine::sessions::SessionError;
+use axum::extract::Path;
 
 /// Output events buffered for one streamed run. When a client reads slower than the job
 /// writes, later chunks are dropped (the final observation still has all kept output).
@@ -367,6 +372,221 @@ fn stream_run(
         .into_response()
 }
 
+/// The tenant sessions belong to: the token's, or `-` on a server without tokens.
+fn session_tenant(tenant: &Option<Extension<AuthenticatedTenant>>) -> String {
+    crate::runner::session_tenant(tenant.as_ref().map(|Extension(t)| t.0.as_str()))
+}
+
+fn session_error_response(error: &SessionError) -> Response {
+    let status = match error {
+        SessionError::NotFound(_) => StatusCode::NOT_FOUND,
+        e if e.is_missing_file() => StatusCode::NOT_FOUND,
+        SessionError::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
+        SessionError::Disabled | SessionError::Unsupported(_) => StatusCode::FORBIDDEN,
+        SessionError::Invalid(_) => StatusCode::BAD_REQUEST,
+        SessionError::KernelStart(_) => StatusCode::SERVICE_UNAVAILABLE,
+        SessionError::Workspace(e) => match e.kind() {
+            ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+    };
+    let kind = match error {
+        SessionError::NotFound(_) => ErrorKind::InvalidInput,
+        other => other.kind(),
+    };
+    error_response(status, kind, error.to_string())
+}
+
+/// `POST /v1/sessions`: opens a session (body: `{}` or empty).
+async fn post_session(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    request: Request,
+) -> Response {
+    let body = match read_body(&state, request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(serde_json::Value::Object(map)) if map.is_empty() => {}
+            _ => {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    ErrorKind::InvalidInput,
+                    "the body must be {} (a session takes its settings from the policy)",
+                );
+            }
+        }
+    }
+    if *state.phase.borrow() != Phase::Serving {
+        return refusal_response(&state, Refusal::ShuttingDown);
+    }
+    let name = session_tenant(&tenant);
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    let engine = state
+        .runner
+        .session_engine(tenant.as_ref().map(|Extension(t)| t.0.as_str()));
+    match manager.create(engine, &name).await {
+        Ok(info) => json_response(StatusCode::CREATED, to_json(&SessionBody::from(info))),
+        Err(e) => session_error_response(&e),
+    }
+}
+
+/// `GET /v1/sessions/{id}`.
+async fn get_session(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path(id): Path<String>,
+) -> Response {
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    match manager.get(&session_tenant(&tenant), &id) {
+        Ok(info) => json_response(StatusCode::OK, to_json(&SessionBody::from(info))),
+        Err(e) => session_error_response(&e),
+    }
+}
+
+/// `DELETE /v1/sessions/{id}`.
+async fn delete_session(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path(id): Path<String>,
+) -> Response {
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    match manager.delete(&session_tenant(&tenant), &id).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => session_error_response(&e),
+    }
+}
+
+/// `POST /v1/sessions/{id}/runs`.
+async fn post_session_run(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    let body = match read_body(&state, request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let call = match serde_json::from_slice::<SessionRunRequest>(&body)
+        .map_err(|e| format!("the body is not a valid session run request: {e}"))
+        .and_then(|r| r.into_call().map_err(|(_, m)| m))
+    {
+        Ok(call) => call,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
+        }
+    };
+    if *state.phase.borrow() != Phase::Serving {
+        return refusal_response(&state, Refusal::ShuttingDown);
+    }
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    let name = session_tenant(&tenant);
+    // In its own task: a client that goes away does not cut a call in half (the call is
+    // bounded by its wall time and the session's ttl either way).
+    let task = state
+        .tasks
+        .spawn(async move { manager.run(&name, &id, call).await });
+    match task.await {
+        Ok(Ok(result)) => {
+            let response = SessionRunResponse::from(result);
+            let status = observation_status(&response.observation, *state.phase.borrow());
+            json_response(status, to_json(&response))
+        }
+        Ok(Err(e)) => session_error_response(&e),
+        Err(e) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Internal,
+            format!("the session call's task failed: {e}"),
+        ),
+    }
+}
+
+/// `GET /v1/sessions/{id}/files`.
+async fn list_session_files(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path(id): Path<String>,
+) -> Response {
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    match manager.list_files(&session_tenant(&tenant), &id) {
+        Ok(files) => json_response(
+            StatusCode::OK,
+            to_json(&SessionFiles {
+                files: files
+                    .into_iter()
+                    .map(|f| SessionFile {
+                        path: f.path,
+                        bytes: f.bytes,
+                    })
+                    .collect(),
+            }),
+        ),
+        Err(e) => session_error_response(&e),
+    }
+}
+
+/// `GET /v1/sessions/{id}/files/{path}`: the file's bytes.
+async fn get_session_file(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path((id, path)): Path<(String, String)>,
+) -> Response {
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    match manager.read_file(&session_tenant(&tenant), &id, &path) {
+        Ok(bytes) => {
+            let mut response = (StatusCode::OK, bytes).into_response();
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            response
+        }
+        Err(e) => session_error_response(&e),
+    }
+}
+
+/// `PUT /v1/sessions/{id}/files/{path}`: the body is the file's bytes.
+async fn put_session_file(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path((id, path)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let body = match read_body(&state, request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    match manager.write_file(&session_tenant(&tenant), &id, &path, &body) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => session_error_response(&e),
+    }
+}
+
 /// `GET /v1/health`.
 async fn get_health(State(state): State<AppState>) -> Response {
     let phase = *state.phase.borrow();
@@ -566,6 +786,14 @@ pub fn router(
     );
     let protected = Router::new()
         .route("/v1/runs", post(post_run))
+        .route("/v1/sessions", post(post_session))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/runs", post(post_session_run))
+        .route("/v1/sessions/{id}/files", get(list_session_files))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(get_session_file).put(put_session_file),
+        )
         .route("/v1/tool-schema", get(get_tool_schema))
         .route("/metrics", get(get_metrics))
         .route_service("/mcp", mcp)

@@ -215,6 +215,7 @@ pub async fn serve(
             tracing::error!("connections still open after the jobs were killed; exiting anyway");
         }
     }
+    runner.shutdown_sessions().await;
     runner.shutdown_backends().await;
     tracing::info!("stopped");
     Ok(())

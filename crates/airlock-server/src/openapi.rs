@@ -6,7 +6,10 @@
 use airlock_core::Observation;
 use serde_json::{Value, json};
 
-use crate::api::{ErrorBody, Health, OutputChunk, RunRequest};
+use crate::api::{
+    ErrorBody, Health, OutputChunk, RunRequest, SessionBody, SessionFiles, SessionRunRequest,
+    SessionRunResponse,
+};
 
 /// The document.
 pub fn document() -> Value {
@@ -16,6 +19,10 @@ pub fn document() -> Value {
     let error = generator.subschema_for::<ErrorBody>().to_value();
     let health = generator.subschema_for::<Health>().to_value();
     let chunk = generator.subschema_for::<OutputChunk>().to_value();
+    let session = generator.subschema_for::<SessionBody>().to_value();
+    let session_run = generator.subschema_for::<SessionRunRequest>().to_value();
+    let session_result = generator.subschema_for::<SessionRunResponse>().to_value();
+    let session_files = generator.subschema_for::<SessionFiles>().to_value();
     let schemas = Value::Object(generator.take_definitions(true));
 
     let error_response = |description: &str| {
@@ -26,6 +33,15 @@ pub fn document() -> Value {
     };
     let unauthorized = error_response("Missing or wrong bearer token (error.kind unauthorized).");
     let bearer = json!([{"bearer": []}, {}]);
+    // Another tenant's session is as absent as one that never was: 404, not 403.
+    let not_found = error_response("No such session for this tenant (invalid_input).");
+    let session_id = json!({
+        "name": "id",
+        "in": "path",
+        "required": true,
+        "description": "The session's id.",
+        "schema": {"type": "string"}
+    });
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -97,6 +113,140 @@ pub fn document() -> Value {
                         },
                         "500": error_response("airlock failed (internal)."),
                         "503": error_response("The backend is unavailable, or the server is shutting down.")
+                    }
+                }
+            },
+            "/v1/sessions": {
+                "post": {
+                    "operationId": "createSession",
+                    "summary": "Open a session",
+                    "description": "A session keeps state across calls, within the bounds of the \
+                        policy's [sessions] section (off unless enabled): owned by the caller's \
+                        tenant only, destroyed after `idle` without a call and at `ttl` whatever \
+                        its use. `workspace` sessions run each call in a fresh sandbox whose /work \
+                        is the session's (files persist, processes never do); `kernel` sessions \
+                        keep one sandbox with a Python interpreter whose globals persist. The \
+                        body is {} or empty, sent as Content-Type: application/json like every \
+                        POST (415 otherwise): the settings are the policy's.",
+                    "security": bearer,
+                    "requestBody": {
+                        "required": false,
+                        "content": {"application/json": {"schema": {"type": "object", "additionalProperties": false}}}
+                    },
+                    "responses": {
+                        "201": {"description": "The session.", "content": {"application/json": {"schema": session.clone()}}},
+                        "400": error_response("A body other than {} (invalid_input)."),
+                        "401": unauthorized.clone(),
+                        "403": error_response("Sessions are disabled by the policy, or this backend cannot hold them (policy_denied)."),
+                        "408": error_response("The request body did not arrive in time."),
+                        "413": error_response("The request body is over the server's limit."),
+                        "415": error_response("The body is not sent as Content-Type: application/json (invalid_input)."),
+                        "429": error_response("The tenant holds max_per_tenant sessions already (policy_denied)."),
+                        "503": error_response("The kernel did not start, or the server is shutting down.")
+                    }
+                }
+            },
+            "/v1/sessions/{id}": {
+                "parameters": [session_id.clone()],
+                "get": {
+                    "operationId": "getSession",
+                    "summary": "A session",
+                    "security": bearer,
+                    "responses": {
+                        "200": {"description": "The session.", "content": {"application/json": {"schema": session}}},
+                        "401": unauthorized.clone(),
+                        "404": not_found.clone()
+                    }
+                },
+                "delete": {
+                    "operationId": "deleteSession",
+                    "summary": "End a session",
+                    "description": "Stops a call in progress, kills the sandbox and removes the \
+                        session's /work with everything in it.",
+                    "security": bearer,
+                    "responses": {
+                        "204": {"description": "Ended."},
+                        "401": unauthorized.clone(),
+                        "404": not_found.clone()
+                    }
+                }
+            },
+            "/v1/sessions/{id}/runs": {
+                "parameters": [session_id.clone()],
+                "post": {
+                    "operationId": "runInSession",
+                    "summary": "Run one call in a session",
+                    "description": "Calls of one session run one at a time. 200 when the call \
+                        ran, whatever its end (see observation.outcome and error).",
+                    "security": bearer,
+                    "requestBody": {
+                        "required": true,
+                        "content": {"application/json": {"schema": session_run}}
+                    },
+                    "responses": {
+                        "200": {"description": "The call's result.", "content": {"application/json": {"schema": session_result}}},
+                        "400": error_response("Malformed request, or above the policy's wall time (invalid_input)."),
+                        "401": unauthorized.clone(),
+                        "403": error_response("The call was refused by the policy, or sessions cannot be held here (policy_denied)."),
+                        "404": not_found.clone(),
+                        "408": error_response("The request body did not arrive in time."),
+                        "413": error_response("The request body is over the server's limit."),
+                        "415": error_response("The body is not sent as Content-Type: application/json (invalid_input)."),
+                        "500": error_response("airlock failed (internal)."),
+                        "503": error_response("The kernel could not be restarted, or the server is shutting down.")
+                    }
+                }
+            },
+            "/v1/sessions/{id}/files": {
+                "parameters": [session_id.clone()],
+                "get": {
+                    "operationId": "listSessionFiles",
+                    "summary": "The files of a session's /work",
+                    "security": bearer,
+                    "responses": {
+                        "200": {"description": "Regular files, in path order.", "content": {"application/json": {"schema": session_files}}},
+                        "401": unauthorized.clone(),
+                        "404": not_found.clone()
+                    }
+                }
+            },
+            "/v1/sessions/{id}/files/{path}": {
+                "parameters": [session_id, {
+                    "name": "path",
+                    "in": "path",
+                    "required": true,
+                    "description": "Path relative to /work, the same rules as job files (no \"..\", not absolute, at most 8 levels); .airlock/ is the session's own.",
+                    "schema": {"type": "string"}
+                }],
+                "get": {
+                    "operationId": "readSessionFile",
+                    "summary": "Read a file of a session's /work",
+                    "description": "Only a regular file is read, never through a link the session's code left.",
+                    "security": bearer,
+                    "responses": {
+                        "200": {"description": "The bytes.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                        "400": error_response("A bad path, or a file over the size cap (invalid_input)."),
+                        "401": unauthorized.clone(),
+                        "404": error_response("No such session for this tenant, or no such file.")
+                    }
+                },
+                "put": {
+                    "operationId": "writeSessionFile",
+                    "summary": "Write a file into a session's /work",
+                    "description": "The body is the file's bytes; what sits at the name is replaced.",
+                    "security": bearer,
+                    "requestBody": {
+                        "required": true,
+                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+                    },
+                    "responses": {
+                        "204": {"description": "Written."},
+                        "400": error_response("A bad path, a file over the size cap, or the session's /work is full (invalid_input)."),
+                        "401": unauthorized,
+                        "404": not_found,
+                        "408": error_response("The request body did not arrive in time."),
+                        "413": error_response("The request body is over the server's limit."),
+                        "500": error_response("The workspace could not be written (internal).")
                     }
                 }
             },
@@ -225,6 +375,10 @@ mod tests {
             "Health",
             "RequestFile",
             "OutputChunk",
+            "SessionBody",
+            "SessionRunRequest",
+            "SessionRunResponse",
+            "SessionFiles",
         ] {
             assert!(
                 schemas.contains_key(name),

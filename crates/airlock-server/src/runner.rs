@@ -12,6 +12,9 @@ use airlock_core::{
     Backend, BackendError, BackendKind, BoxFuture, ErrorKind, JobRequest, JobResult, Observation,
     Policy, WarmPoolStats,
 };
+use airlock_engine::sessions::{
+    SessionCall, SessionError, SessionInfo, SessionManager, SessionRunResult,
+};
 use airlock_engine::{AuditLog, Engine, LoadedPolicy, OutputSink};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -78,7 +81,7 @@ pub struct Admission {
 
 /// A policy and the engine that runs jobs under it.
 struct PolicyEngine {
-    engine: Engine,
+    engine: Arc<Engine>,
     policy: Arc<Policy>,
 }
 
@@ -117,6 +120,9 @@ pub struct Runner {
     in_flight: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     phase: watch::Receiver<Phase>,
+    /// Open sessions; started on first use (its reaper needs the runtime).
+    sessions: std::sync::OnceLock<Result<Arc<SessionManager>, String>>,
+    sessions_root: PathBuf,
 }
 
 impl std::fmt::Debug for Runner {
@@ -142,7 +148,7 @@ fn build_engine(
     }
     let policy = Arc::new(loaded.policy.clone());
     Ok(PolicyEngine {
-        engine: Engine::new(loaded.policy, kind, backend, audit),
+        engine: Arc::new(Engine::new(loaded.policy, kind, backend, audit)),
         policy,
     })
 }
@@ -196,7 +202,31 @@ impl Runner {
             in_flight: Arc::new(AtomicUsize::new(0)),
             metrics,
             phase,
+            sessions: std::sync::OnceLock::new(),
+            sessions_root: std::env::var_os("AIRLOCK_SESSIONS_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(airlock_engine::sessions::default_root),
         })
+    }
+
+    /// The session manager, started on first use.
+    pub fn sessions(&self) -> Result<Arc<SessionManager>, SessionError> {
+        self.sessions
+            .get_or_init(|| SessionManager::start(&self.sessions_root).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(SessionError::Unsupported)
+    }
+
+    /// The engine a tenant's sessions run on.
+    pub fn session_engine(&self, tenant: Option<&str>) -> Arc<Engine> {
+        self.state(tenant).0.engine.clone()
+    }
+
+    /// Ends every open session (server shutdown).
+    pub async fn shutdown_sessions(&self) {
+        if let Some(Ok(manager)) = self.sessions.get() {
+            manager.shutdown().await;
+        }
     }
 
     /// Each distinct engine once (tenants may share one).
@@ -466,6 +496,11 @@ impl Admitted {
     }
 }
 
+/// The tenant sessions belong to: the token's, or `-` on a server without tokens.
+pub fn session_tenant(tenant: Option<&str>) -> String {
+    tenant.unwrap_or("-").to_owned()
+}
+
 /// A refusal as the error observation the MCP tool returns.
 pub fn refusal_observation(refusal: Refusal, policy_version: &str) -> Observation {
     airlock_engine::early_error(
@@ -478,6 +513,60 @@ pub fn refusal_observation(refusal: Refusal, policy_version: &str) -> Observatio
 impl airlock_mcp::Executor for Runner {
     fn policy(&self, tenant: Option<&str>) -> Arc<Policy> {
         Runner::policy(self, tenant)
+    }
+
+    fn session_start(
+        &self,
+        tenant: Option<String>,
+    ) -> BoxFuture<'_, Result<SessionInfo, SessionError>> {
+        Box::pin(async move {
+            if self.phase() != Phase::Serving {
+                return Err(SessionError::Unsupported(
+                    Refusal::ShuttingDown.message().to_owned(),
+                ));
+            }
+            let manager = self.sessions()?;
+            let engine = self.session_engine(tenant.as_deref());
+            manager
+                .create(engine, &session_tenant(tenant.as_deref()))
+                .await
+        })
+    }
+
+    fn session_run(
+        &self,
+        tenant: Option<String>,
+        id: String,
+        call: SessionCall,
+    ) -> BoxFuture<'_, Result<SessionRunResult, SessionError>> {
+        Box::pin(async move {
+            if self.phase() != Phase::Serving {
+                return Err(SessionError::Unsupported(
+                    Refusal::ShuttingDown.message().to_owned(),
+                ));
+            }
+            let manager = self.sessions()?;
+            let name = session_tenant(tenant.as_deref());
+            // In its own task: a cancelled MCP call does not cut a session call in half.
+            tokio::spawn(async move { manager.run(&name, &id, call).await })
+                .await
+                .map_err(|e| {
+                    SessionError::Unsupported(format!("the session call's task failed: {e}"))
+                })?
+        })
+    }
+
+    fn session_end(
+        &self,
+        tenant: Option<String>,
+        id: String,
+    ) -> BoxFuture<'_, Result<(), SessionError>> {
+        Box::pin(async move {
+            let manager = self.sessions()?;
+            manager
+                .delete(&session_tenant(tenant.as_deref()), &id)
+                .await
+        })
     }
 
     fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult> {

@@ -27,6 +27,37 @@ pub use report::{
     REPORT_VERSION, Rlimit, Rlimits, TmpExec,
 };
 
+/// The calls the seccomp filter refuses with `EPERM` on every backend (the same reviewed
+/// filter everywhere): what a conformance check, and a check of any other kind of sandbox
+/// (a session's), asserts of a probe report.
+pub const DENIED_WITH_EPERM: &[DangerousCall] = &[
+    DangerousCall::Mount,
+    DangerousCall::Umount2,
+    DangerousCall::PivotRoot,
+    DangerousCall::UnshareUser,
+    DangerousCall::UnshareMount,
+    DangerousCall::Setns,
+    DangerousCall::CloneNewuser,
+    DangerousCall::PtraceAttach,
+    DangerousCall::Bpf,
+    DangerousCall::Keyctl,
+    DangerousCall::AddKey,
+    DangerousCall::IoUringSetup,
+    DangerousCall::PerfEventOpen,
+    DangerousCall::Userfaultfd,
+    DangerousCall::KexecLoad,
+    DangerousCall::InitModule,
+    DangerousCall::FinitModule,
+    DangerousCall::OpenByHandleAt,
+    DangerousCall::ClockSettime,
+    DangerousCall::Reboot,
+    DangerousCall::Swapon,
+    DangerousCall::Acct,
+    DangerousCall::Chroot,
+    DangerousCall::SocketPacketRaw,
+    DangerousCall::SocketInetRawIcmp,
+];
+
 /// The probe binary's file name.
 pub const PROBE_BIN: &str = "airlock-probe";
 

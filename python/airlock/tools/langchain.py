@@ -7,23 +7,30 @@ typed `Observation` (with /out file bytes), for failed runs too.
     from airlock.tools.langchain import RunCodeTool
     tool = RunCodeTool()                       # local; RunCodeTool(client=Client(url, token))
     ToolNode([tool])
+
+`SessionRunCodeTool` keeps state across a conversation's turns: one airlock session per
+LangGraph thread (`airlock serve` with `[sessions]` enabled).
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any, Literal
 
 try:
+    from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool, ToolException
 except ImportError as e:  # pragma: no cover - depends on the extras installed
     raise ImportError(
         "airlock.tools.langchain needs its extra: pip install 'airlock-sandbox[langchain]'"
     ) from e
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .._types import Observation
 from ..client import AsyncClient, Client
-from ..errors import TransportError
+from ..errors import SessionNotFound, TransportError
+from ..sandbox import Execution, Sandbox
 from . import arun_call, run_call
 
 
@@ -74,3 +81,119 @@ class RunCodeTool(BaseTool):
         except TransportError as e:
             raise ToolException(f"airlock is unreachable: {e}") from e
         return observation.to_json(), observation
+
+
+class SessionCodeInput(BaseModel):
+    """The arguments of the session tool."""
+
+    code: str = Field(description="Python code to run; the last expression's value is returned")
+    timeout_s: float | None = Field(
+        default=None, description="This call's wall time in seconds (the policy's by default)"
+    )
+
+
+#: What the session tool tells the model it does.
+SESSION_TOOL_DESCRIPTION = (
+    "Run Python code in this conversation's own sandbox (airlock). Variables, imports and "
+    "files in /work persist from one call to the next in the same conversation, like "
+    "notebook cells; nothing is shared with other conversations. The result is JSON: stdout, "
+    "stderr, the last expression's value, the exception if one was raised, and "
+    "kernel_restarted/new_session when earlier state was lost."
+)
+
+
+class SessionRunCodeTool(BaseTool):
+    """`run_code` with state across an agent's turns: one airlock session (a kernel
+    session of `airlock serve`, docs/sessions.md) per LangGraph conversation thread,
+    keyed on the `thread_id` of the run's config (`{"configurable": {"thread_id": ...}}`,
+    what a checkpointer uses). A run without a thread id uses one shared `default` session.
+
+    The `ToolMessage` content is JSON for the model; the artifact is the `Execution`
+    (figures as PNG results). A session that ended (idle, ttl) is replaced by a new one,
+    and the answer says so (`new_session`): state is never lost silently. `close()` (or
+    `with SessionRunCodeTool(...) as tool:`) ends every session the tool opened.
+
+        tool = SessionRunCodeTool(url="http://127.0.0.1:8080", token=...)
+        agent = create_react_agent(model, [tool], checkpointer=MemorySaver())
+        agent.invoke(inputs, {"configurable": {"thread_id": "user-42"}})
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str = "run_code"
+    description: str = SESSION_TOOL_DESCRIPTION
+    args_schema: type[BaseModel] = SessionCodeInput
+    response_format: Literal["content", "content_and_artifact"] = "content_and_artifact"
+    url: str | None = Field(default=None, exclude=True)
+    token: str | None = Field(default=None, exclude=True, repr=False)
+    timeout_s: float = 60.0
+    """Time allowed for a request to the server, beyond a call's own wall time."""
+
+    _sessions: dict[str, Sandbox] = PrivateAttr(default_factory=dict)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    def session_for(self, thread_id: str) -> tuple[Sandbox, bool]:
+        """The thread's sandbox, and whether it was just created."""
+        with self._lock:
+            sandbox = self._sessions.get(thread_id)
+            if sandbox is not None:
+                return sandbox, False
+            sandbox = Sandbox.create(self.url, self.token, timeout_s=self.timeout_s)
+            self._sessions[thread_id] = sandbox
+            return sandbox, True
+
+    def close_thread(self, thread_id: str) -> None:
+        """Ends one thread's session (its variables and files are destroyed)."""
+        with self._lock:
+            sandbox = self._sessions.pop(thread_id, None)
+        if sandbox is not None:
+            sandbox.kill()
+
+    def close(self) -> None:
+        """Ends every session this tool opened."""
+        with self._lock:
+            sandboxes, self._sessions = list(self._sessions.values()), {}
+        for sandbox in sandboxes:
+            sandbox.kill()
+
+    def __enter__(self) -> SessionRunCodeTool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _run(
+        self, code: str, config: RunnableConfig, timeout_s: float | None = None
+    ) -> tuple[str, Execution]:
+        thread_id = str((config.get("configurable") or {}).get("thread_id") or "default")
+        try:
+            sandbox, new = self.session_for(thread_id)
+            replaced = False
+            try:
+                execution = sandbox.run_code(code, timeout_s=timeout_s)
+            except SessionNotFound:
+                # Ended by its idle time or ttl: a fresh one, and the model is told.
+                with self._lock:
+                    if self._sessions.get(thread_id) is sandbox:
+                        del self._sessions[thread_id]
+                sandbox, new = self.session_for(thread_id)
+                replaced = True
+                execution = sandbox.run_code(code, timeout_s=timeout_s)
+        except TransportError as e:
+            raise ToolException(f"airlock is unreachable: {e}") from e
+        answer = execution.observation.to_dict()
+        answer["session"] = {"thread_id": thread_id, "id": sandbox.id}
+        if execution.text is not None:
+            answer["value"] = execution.text
+        if execution.error is not None:
+            answer["error_raised"] = {"name": execution.error.name, "value": execution.error.value}
+        if execution.kernel_restarted is not None:
+            answer["kernel_restarted"] = execution.kernel_restarted
+        if replaced:
+            answer["new_session"] = (
+                "this conversation's previous session had ended (idle or ttl): variables "
+                "and files from earlier calls are gone"
+            )
+        elif new:
+            answer["new_session"] = "the first call of this conversation"
+        return json.dumps(answer), execution

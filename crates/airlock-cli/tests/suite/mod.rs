@@ -5,6 +5,7 @@ mod common;
 mod images;
 mod limits;
 mod mcp;
+mod minimal_root;
 mod out;
 mod policy_cmd;
 mod probe;

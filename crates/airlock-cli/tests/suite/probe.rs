@@ -158,33 +158,7 @@ pub fn assert_probe_sees_a_locked_down_sandbox(policy_body: &str) -> ProbeReport
     );
 
     // The denied syscalls fail; ordinary ones work.
-    for call in [
-        DangerousCall::Mount,
-        DangerousCall::Umount2,
-        DangerousCall::PivotRoot,
-        DangerousCall::UnshareUser,
-        DangerousCall::UnshareMount,
-        DangerousCall::Setns,
-        DangerousCall::CloneNewuser,
-        DangerousCall::PtraceAttach,
-        DangerousCall::Bpf,
-        DangerousCall::Keyctl,
-        DangerousCall::AddKey,
-        DangerousCall::IoUringSetup,
-        DangerousCall::PerfEventOpen,
-        DangerousCall::Userfaultfd,
-        DangerousCall::KexecLoad,
-        DangerousCall::InitModule,
-        DangerousCall::FinitModule,
-        DangerousCall::OpenByHandleAt,
-        DangerousCall::ClockSettime,
-        DangerousCall::Reboot,
-        DangerousCall::Swapon,
-        DangerousCall::Acct,
-        DangerousCall::Chroot,
-        DangerousCall::SocketPacketRaw,
-        DangerousCall::SocketInetRawIcmp,
-    ] {
+    for &call in airlock_testkit::DENIED_WITH_EPERM {
         assert_eq!(
             r.syscall(call),
             Some(&Outcome::errno("EPERM")),

@@ -140,3 +140,19 @@ fn rootless_memory_and_process_limits_hold_as_rlimits() {
     ]);
     assert_eq!(run.obs["stdout"], "16 11\n", "{:#}", run.obs);
 }
+
+#[test]
+fn rootless_jobs_get_the_minimal_root_with_inodes_of_their_own() {
+    require_unprivileged!();
+    let env = TestEnv::new();
+    let policy = env.policy(DEGRADED_POLICY);
+    let run = env.run_json(&[
+        "--policy",
+        policy.to_str().unwrap(),
+        "-c",
+        &super::minimal_root::tool_search_source(),
+    ]);
+    let report = super::minimal_root::stdout_json(&run);
+    assert_eq!(report["found"], serde_json::json!([]), "{report:#}");
+    super::minimal_root::check_inotify(DEGRADED_POLICY);
+}

@@ -269,7 +269,10 @@ impl Target {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         let mut images = String::new();
-        let rootfs = if self.kind.is_container() {
+        let rootfs = if filesystem.contains("rootfs =") {
+            // The test picks the root itself (Target::host_tools_rootfs).
+            String::new()
+        } else if self.kind.is_container() {
             format!(
                 "rootfs = \"image:{}\"",
                 std::env::var(IMAGE_ENV).unwrap_or_default()
@@ -297,6 +300,17 @@ impl Target {
 
     pub fn policy(&self) -> PathBuf {
         self.policy_with("", "", "")
+    }
+
+    /// A `[filesystem]` line for a test that runs a host tool beside the interpreter (curl):
+    /// on the native backend's host root that is `host-full`, since the minimal root leaves
+    /// such tools out; elsewhere nothing (the image has them).
+    pub fn host_tools_rootfs(&self) -> &'static str {
+        if !self.kind.is_container() && native_image().is_none() {
+            "rootfs = \"host-full\""
+        } else {
+            ""
+        }
     }
 
     /// [`Target::policy_with`] (`extra` in `[docker]`) with `podman_socket` replaced.

@@ -11,3 +11,4 @@ mod limits;
 mod out;
 mod probe;
 mod proxy;
+mod sessions;

@@ -200,17 +200,7 @@ conformance! {
         assert_eq!(names, allowed);
 
         // The denied syscalls fail with EPERM (the same reviewed filter everywhere).
-        for call in [
-            DangerousCall::Mount, DangerousCall::Umount2, DangerousCall::PivotRoot,
-            DangerousCall::UnshareUser, DangerousCall::UnshareMount, DangerousCall::Setns,
-            DangerousCall::CloneNewuser, DangerousCall::PtraceAttach, DangerousCall::Bpf,
-            DangerousCall::Keyctl, DangerousCall::AddKey, DangerousCall::IoUringSetup,
-            DangerousCall::PerfEventOpen, DangerousCall::Userfaultfd, DangerousCall::KexecLoad,
-            DangerousCall::InitModule, DangerousCall::FinitModule, DangerousCall::OpenByHandleAt,
-            DangerousCall::ClockSettime, DangerousCall::Reboot, DangerousCall::Swapon,
-            DangerousCall::Acct, DangerousCall::Chroot, DangerousCall::SocketPacketRaw,
-            DangerousCall::SocketInetRawIcmp,
-        ] {
+        for &call in airlock_testkit::DENIED_WITH_EPERM {
             assert_eq!(r.syscall(call), Some(&Outcome::errno("EPERM")), "{}", call.name());
         }
         for call in [DangerousCall::Setuid0, DangerousCall::Setgid0] {

@@ -16,10 +16,15 @@ const SECRET_VALUE: &str = "real-secret-value-7f3a9c";
 const PLACEHOLDER: &str = "airlock-placeholder-token";
 
 fn proxy_policy(t: &Target, allow: &[String], extra: &str) -> PathBuf {
+    proxy_policy_with(t, allow, extra, "")
+}
+
+/// [`proxy_policy`] with `filesystem` lines.
+fn proxy_policy_with(t: &Target, allow: &[String], extra: &str, filesystem: &str) -> PathBuf {
     let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
     t.policy_with(
         "",
-        "",
+        filesystem,
         &format!(
             "[network]\nmode = \"proxy\"\nallow = [{}]\nallow_ranges = [\"127.0.0.1/32\"]\n\
              hosts = {{ \"api.test\" = [\"127.0.0.1\"], \"other.test\" = [\"127.0.0.1\"], \
@@ -161,7 +166,8 @@ conformance! {
     fn an_allowed_host_answers_through_the_proxy_from_urllib_and_curl(t: &Target) {
         let server = RecordingServer::start("hello from api");
         let allowed = format!("api.test:{}", server.port);
-        let policy = proxy_policy(t, std::slice::from_ref(&allowed), "");
+        let policy =
+            proxy_policy_with(t, std::slice::from_ref(&allowed), "", t.host_tools_rootfs());
         let source = format!(
             "import subprocess, urllib.request\n\
              print(urllib.request.urlopen('http://{allowed}/a', timeout=5).read().decode())\n\

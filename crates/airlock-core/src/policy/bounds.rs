@@ -49,3 +49,5 @@ pub const ARG_MAX_BYTES: usize = 4096;
 pub const ENV_MAX_BYTES: usize = 64 * 1024;
 /// Longest policy version string.
 pub const VERSION_MAX_BYTES: usize = 64;
+/// Most `[filesystem] site_packages` directories.
+pub const SITE_PACKAGES_MAX_COUNT: usize = 32;

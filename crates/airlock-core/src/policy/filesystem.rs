@@ -1,7 +1,7 @@
 //! `[filesystem]`: the job's root filesystem, `/work` and `/out`.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -19,7 +19,16 @@ pub struct FilesystemPolicy {
     pub workdir: WorkdirMode,
     /// The optional `/out` directory.
     pub out: OutPolicy,
+    /// Host directories of installed packages (e.g. `/usr/lib/python3/dist-packages`) that
+    /// the minimal host root (`rootfs = "host"`) holds beside each interpreter's standard
+    /// library, with the shared libraries their extension modules load. Empty: the
+    /// standard library only. Other rootfs kinds ignore it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub site_packages: Vec<PathBuf>,
 }
+
+/// Top-level directories of a job's root that airlock mounts afresh for every job.
+const SITE_PACKAGES_SHADOWED: &[&str] = &["tmp", "work", "out", "dev", "proc", "etc"];
 
 impl FilesystemPolicy {
     /// Checks the `/out` bounds; returns the field name and reason.
@@ -43,6 +52,51 @@ impl FilesystemPolicy {
         if out.max_file_bytes.as_u64() == 0 {
             return Err(("out.max_file_bytes", "must not be 0".to_owned()));
         }
+        if self.site_packages.len() > bounds::SITE_PACKAGES_MAX_COUNT {
+            return Err((
+                "site_packages",
+                format!("at most {} directories", bounds::SITE_PACKAGES_MAX_COUNT),
+            ));
+        }
+        for dir in &self.site_packages {
+            let plain = dir.is_absolute()
+                && dir.components().all(|c| {
+                    matches!(
+                        c,
+                        std::path::Component::RootDir | std::path::Component::Normal(_)
+                    )
+                });
+            if !plain || dir == std::path::Path::new("/") {
+                return Err((
+                    "site_packages",
+                    format!(
+                        "{} must be an absolute path below / without . or ..",
+                        dir.display()
+                    ),
+                ));
+            }
+            // The job's own mounts cover these: a copy there would never be seen.
+            if let Some(top) = SITE_PACKAGES_SHADOWED
+                .iter()
+                .find(|top| dir.starts_with(Path::new("/").join(top)))
+            {
+                return Err((
+                    "site_packages",
+                    format!(
+                        "{} is under /{top}, which every job gets a fresh one of: \
+                         install the packages elsewhere (/opt, /usr/local, /var/lib)",
+                        dir.display()
+                    ),
+                ));
+            }
+            // Each directory is one line of a `.pth` file in the minimal root.
+            if dir.to_str().is_none_or(|d| d.chars().any(char::is_control)) {
+                return Err((
+                    "site_packages",
+                    format!("{} must be UTF-8 without control characters", dir.display()),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -50,9 +104,16 @@ impl FilesystemPolicy {
 /// What the job's root filesystem is.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum RootfsSpec {
-    /// A read-only view of the host's `/usr`, `/bin`, `/sbin`, `/lib*` and a synthesized `/etc`.
+    /// The minimal host root: each language's interpreter, its standard library, the
+    /// policy's `site_packages`, the shared libraries they load, `sh` and the few utilities
+    /// `policy/minimal_root.toml` lists, copied once from the host into airlock's cache and
+    /// shown read-only, with a synthesized `/etc`.
     #[default]
     Host,
+    /// The whole host view: a read-only view of the host's `/usr`, `/bin`, `/sbin`, `/lib*`
+    /// (every installed program, compilers and network tools included) and a synthesized
+    /// `/etc`.
+    HostFull,
     /// A directory holding a whole root filesystem (for example made by debootstrap).
     Dir(PathBuf),
     /// An OCI image pinned by digest.
@@ -69,6 +130,9 @@ impl FromStr for RootfsSpec {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         if text == "host" {
             return Ok(RootfsSpec::Host);
+        }
+        if text == "host-full" {
+            return Ok(RootfsSpec::HostFull);
         }
         if let Some(path) = text.strip_prefix("dir:") {
             let path = PathBuf::from(path);
@@ -92,7 +156,7 @@ impl FromStr for RootfsSpec {
             });
         }
         Err(format!(
-            "rootfs {text:?} must be \"host\", \"dir:/path\" or \"image:REF@sha256:…\""
+            "rootfs {text:?} must be \"host\", \"host-full\", \"dir:/path\" or \"image:REF@sha256:…\""
         ))
     }
 }
@@ -111,6 +175,7 @@ impl fmt::Display for RootfsSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RootfsSpec::Host => f.write_str("host"),
+            RootfsSpec::HostFull => f.write_str("host-full"),
             RootfsSpec::Dir(path) => write!(f, "dir:{}", path.display()),
             RootfsSpec::Image { reference, digest } => write!(f, "image:{reference}@{digest}"),
         }
@@ -192,5 +257,31 @@ mod tests {
             RootfsSpec::Dir("/srv/root".into())
         );
         assert!("image:python@sha256:abc".parse::<RootfsSpec>().is_err());
+        assert_eq!("host".parse::<RootfsSpec>().unwrap(), RootfsSpec::Host);
+        assert_eq!(
+            "host-full".parse::<RootfsSpec>().unwrap(),
+            RootfsSpec::HostFull
+        );
+        assert_eq!(RootfsSpec::HostFull.to_string(), "host-full");
+    }
+
+    #[test]
+    fn site_packages_must_be_plain_absolute_paths() {
+        let mut fs = FilesystemPolicy {
+            site_packages: vec!["/usr/lib/python3/dist-packages".into()],
+            ..FilesystemPolicy::default()
+        };
+        assert!(fs.check().is_ok());
+        for bad in [
+            "relative/dir",
+            "/usr/../etc",
+            "/",
+            "/opt/a\nb",
+            "/tmp/venv/lib",
+            "/etc/py",
+        ] {
+            fs.site_packages = vec![bad.into()];
+            assert!(fs.check().is_err(), "{bad} accepted");
+        }
     }
 }

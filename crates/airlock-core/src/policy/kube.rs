@@ -144,7 +144,7 @@ impl KubePolicy {
         }
         match rootfs {
             RootfsSpec::Image { reference, digest } => Some((reference.clone(), digest.clone())),
-            RootfsSpec::Host | RootfsSpec::Dir(_) => None,
+            RootfsSpec::Host | RootfsSpec::HostFull | RootfsSpec::Dir(_) => None,
         }
     }
 

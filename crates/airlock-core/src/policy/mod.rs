@@ -26,6 +26,7 @@ mod limits;
 mod native;
 mod network;
 mod redaction;
+mod sessions;
 
 pub use audit::AuditPolicy;
 pub use docker::DockerPolicy;
@@ -43,6 +44,7 @@ pub(crate) use limits::{check_cpus, check_memory, check_pids, check_timeout};
 pub use native::{CgroupParent, DegradedControl, NativePolicy};
 pub use network::{HostPattern, NetworkMode, NetworkPolicy, ProxyLimits, SecretSpec, parse_cidr};
 pub use redaction::RedactionPolicy;
+pub use sessions::{SessionMode, SessionsPolicy};
 
 /// A parsed, validated policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,6 +85,9 @@ pub struct Policy {
     /// The image store and when images are due for a rebuild.
     #[serde(default)]
     pub images: ImagesPolicy,
+    /// Sessions: state across calls, off unless enabled.
+    #[serde(default)]
+    pub sessions: SessionsPolicy,
 }
 
 impl Default for Policy {
@@ -100,6 +105,7 @@ impl Default for Policy {
             docker: DockerPolicy::default(),
             kube: KubePolicy::default(),
             images: ImagesPolicy::default(),
+            sessions: SessionsPolicy::default(),
         }
     }
 }
@@ -175,6 +181,9 @@ impl Policy {
         self.images
             .check()
             .map_err(|(field, reason)| bad(&format!("images.{field}"), reason))?;
+        self.sessions
+            .check()
+            .map_err(|(field, reason)| bad(&format!("sessions.{field}"), reason))?;
         Ok(())
     }
 

@@ -35,6 +35,25 @@ pub struct NativePolicy {
     /// so no sandbox outlives this however quiet the server is.
     #[serde(with = "duration_serde")]
     pub warm_idle: Duration,
+    /// Python modules each warm sandbox's interpreter imports while it waits for its job
+    /// (`["numpy", "pandas"]`), so that the job's own `import` finds them loaded. In the
+    /// sandbox itself, before any job is there: nothing is shared between jobs. A module
+    /// that cannot be imported is skipped (the job's import then fails as it would), and
+    /// what importing prints is discarded. Their memory counts against the job's limit.
+    pub warm_preload: Vec<String>,
+}
+
+/// A dotted Python module name of ASCII identifiers (`numpy`, `os.path`): what a warm
+/// sandbox's bootstrap may be told to import, written into its program as a literal.
+fn is_module_name(name: &str) -> bool {
+    name.len() <= 200
+        && name.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
 }
 
 /// A control a policy may accept in a weaker form.
@@ -60,6 +79,8 @@ impl NativePolicy {
     pub const WARM_IDLE_MIN: Duration = Duration::from_secs(1);
     /// The longest idle lifetime.
     pub const WARM_IDLE_MAX: Duration = Duration::from_secs(24 * 3600);
+    /// The most modules `warm_preload` may name.
+    pub const WARM_PRELOAD_MAX: usize = 32;
 
     /// Checks the settings; `languages` is the policy's table, which the warm language must
     /// be in. Returns the field name and reason.
@@ -103,6 +124,20 @@ impl NativePolicy {
                 ),
             ));
         }
+        if self.warm_preload.len() > Self::WARM_PRELOAD_MAX {
+            return Err((
+                "warm_preload",
+                format!("at most {} modules", Self::WARM_PRELOAD_MAX),
+            ));
+        }
+        if let Some(bad) = self.warm_preload.iter().find(|m| !is_module_name(m)) {
+            return Err((
+                "warm_preload",
+                format!(
+                    "{bad:?} is not a Python module name (dotted identifiers, e.g. \"numpy\" or \"os.path\")"
+                ),
+            ));
+        }
         if self.warm_pool > 0 {
             let language = languages.get(&self.warm_language);
             let python = language.is_some_and(|l| {
@@ -140,6 +175,7 @@ impl Default for NativePolicy {
             warm_pool: 0,
             warm_language: "python".to_owned(),
             warm_idle: Duration::from_secs(600),
+            warm_preload: Vec::new(),
         }
     }
 }
@@ -171,5 +207,35 @@ impl<'de> Deserialize<'de> for CgroupParent {
         } else {
             CgroupParent::Path(PathBuf::from(text))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warm_preload_takes_module_names_only() {
+        let languages = BTreeMap::new();
+        let mut native = NativePolicy {
+            warm_preload: vec!["numpy".into(), "os.path".into(), "_private".into()],
+            ..NativePolicy::default()
+        };
+        assert!(native.check(&languages).is_ok());
+        for bad in [
+            "",
+            "a b",
+            "os..path",
+            "1st",
+            "x\"]; import os; [\"",
+            "é",
+            ".x",
+        ] {
+            native.warm_preload = vec![bad.into()];
+            let (field, _) = native.check(&languages).expect_err(bad);
+            assert_eq!(field, "warm_preload", "{bad}");
+        }
+        native.warm_preload = vec!["m".into(); NativePolicy::WARM_PRELOAD_MAX + 1];
+        assert!(native.check(&languages).is_err());
     }
 }

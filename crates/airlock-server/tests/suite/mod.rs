@@ -2,6 +2,7 @@ mod api;
 mod auth;
 mod common;
 mod load;
+mod sessions;
 mod shutdown;
 mod slow;
 mod sse;

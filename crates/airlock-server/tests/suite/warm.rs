@@ -456,3 +456,121 @@ async fn warm_sandboxes_wait_at_the_lowest_cpu_priority_and_jobs_run_at_normal()
     assert_eq!(body["stdout"], "running\n", "{body:#}");
     assert_eq!(hits(&warm).await, 1, "{}", warm.log());
 }
+
+/// A session's jobs bind the session's `/work` when their sandbox is built, so no warm
+/// sandbox (built with a `/work` of its own) ever takes one: in either mode every call is
+/// counted unfit, none a hit, and the files carry across calls as they do without a pool.
+#[tokio::test]
+async fn session_jobs_never_take_a_warm_sandbox() {
+    require_server!();
+    for mode in ["workspace", "kernel"] {
+        let policy = format!(
+            "{}[sessions]\nenabled = true\nmode = \"{mode}\"\n",
+            policy(POOL)
+        );
+        let warm = Server::start(Opts {
+            args: ["--policy", "warm.toml"].map(String::from).to_vec(),
+            files: vec![("warm.toml".into(), policy)],
+            ..Default::default()
+        });
+        wait_ready(&warm, POOL).await;
+        let post = |path: String, body: Value| {
+            let request = client()
+                .post(warm.url(&path))
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&body).unwrap());
+            async move {
+                let response = request.send().await.unwrap();
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap();
+                (status, body)
+            }
+        };
+        let (status, session) = post("/v1/sessions".into(), json!({})).await;
+        assert_eq!(status, 201, "{mode}: {session:#}");
+        let id = session["id"].as_str().unwrap().to_owned();
+        let runs = format!("/v1/sessions/{id}/runs");
+        let (_, first) = post(
+            runs.clone(),
+            json!({"code": "open('carried.txt', 'w').write('yes')"}),
+        )
+        .await;
+        assert_eq!(
+            first["observation"]["outcome"], "exited",
+            "{mode}: {first:#}"
+        );
+        let (_, second) = post(runs, json!({"code": "print(open('carried.txt').read())"})).await;
+        assert_eq!(
+            second["observation"]["stdout"], "yes\n",
+            "{mode}: {second:#}"
+        );
+        assert_eq!(
+            hits(&warm).await,
+            0,
+            "{mode}: a session job took a warm sandbox"
+        );
+        // Workspace mode: each call is a job; kernel mode: the session's one kernel job.
+        let jobs = if mode == "workspace" { 2 } else { 1 };
+        assert_eq!(
+            metric(&warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
+            jobs,
+            "{mode}"
+        );
+        // The pool is still whole and still serves ordinary jobs.
+        wait_ready(&warm, POOL).await;
+        let plain = post_run(
+            &warm,
+            None,
+            &json!({"language": "python", "code": "print(1)"}),
+        )
+        .await;
+        assert_eq!(plain.body["stdout"], "1\n");
+        assert_eq!(hits(&warm).await, 1, "{mode}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_preload_imports_the_modules_before_the_job_and_nothing_else_shows() {
+    require_server!();
+    let cold = server(0);
+    // `this` prints the Zen of Python when imported: none of it may reach the job's output.
+    // A module that does not exist is skipped.
+    let warm = Server::start(Opts {
+        args: ["--policy", "warm.toml"].map(String::from).to_vec(),
+        files: vec![(
+            "warm.toml".into(),
+            format!(
+                "{}warm_preload = [\"sqlite3\", \"decimal\", \"this\", \"no_such_module_q\"]\n",
+                policy(1)
+            ),
+        )],
+        ..Default::default()
+    });
+    wait_ready(&warm, 1).await;
+    let job = python(
+        "import json, os, sys\nprint(json.dumps({m: m in sys.modules for m in \
+         ['sqlite3', 'decimal', 'this', 'no_such_module_q']} | \
+         {'fds': sorted(os.listdir('/proc/self/fd'))}, sort_keys=True))\n",
+    );
+    let before = hits(&warm).await;
+    let got = post_run(&warm, None, &job).await;
+    assert_eq!(got.status, 200, "{:#}", got.body);
+    assert_eq!(hits(&warm).await, before + 1, "the job did not run warm");
+    let want = post_run(&cold, None, &job).await;
+    assert_eq!(got.body["stderr"], "", "{:#}", got.body);
+    let warm_seen: Value = serde_json::from_str(got.body["stdout"].as_str().unwrap())
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: the job's stdout is more than its line: {:#}",
+                got.body
+            )
+        });
+    let cold_seen: Value = serde_json::from_str(want.body["stdout"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        warm_seen,
+        json!({"sqlite3": true, "decimal": true, "this": true, "no_such_module_q": false,
+               "fds": cold_seen["fds"]}),
+        "cold: {cold_seen}"
+    );
+    assert_eq!(cold_seen["sqlite3"], false);
+}

@@ -1,0 +1,568 @@
+//! A session's host-side `/work`: a tmpfs whose size is the session's cap (the filesystem
+//! itself enforces it, during a job as between them), bound at `/work` in each sandbox of
+//! the session, and the host's own reads and writes in it.
+//!
+//! Everything in a workspace was, or may have been, written by a job, so the host treats
+//! it as hostile: every path is walked from the workspace's root descriptor one segment at
+//! a time with `O_NOFOLLOW`, only regular files are opened (`O_NONBLOCK`, so a FIFO cannot
+//! hang the host), reads are capped, and a name is replaced by unlinking it, never by
+//! writing through what sits there.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use airlock_core::ErrorKind;
+use airlock_core::job::check_relative_path;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::HostError;
+
+/// The suffix of a workspace's lock file, beside its mount point.
+const LOCK_SUFFIX: &str = ".lock";
+
+/// A workspace without a lock younger than this may still be being created.
+const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes the workspaces under `root` whose server is gone (their lock can be taken, or
+/// they have none and are older than a minute): unmounted, with everything in them.
+/// Returns their names.
+pub fn sweep_stale(root: &Path) -> std::io::Result<Vec<String>> {
+    let mut swept = Vec::new();
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if name.starts_with('.') || name.ends_with(LOCK_SUFFIX) {
+            continue;
+        }
+        let path = root.join(&name);
+        let lock_path = root.join(format!("{name}{LOCK_SUFFIX}"));
+        let stale = match rustix::fs::open(
+            &lock_path,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(lock) => {
+                rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                    .is_ok()
+            }
+            Err(Errno::NOENT) => std::fs::symlink_metadata(&path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > UNLOCKED_GRACE)),
+            Err(_) => false,
+        };
+        if !stale {
+            continue;
+        }
+        match rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH) {
+            Ok(()) | Err(Errno::INVAL) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Not mounted any more: only an empty mount point is left (a plain directory
+        // with content is not ours to delete).
+        if std::fs::remove_dir(&path).is_ok() {
+            let _ = std::fs::remove_file(&lock_path);
+            swept.push(name);
+        }
+    }
+    Ok(swept)
+}
+
+/// Deepest directory level walked when listing.
+pub const WORKSPACE_MAX_DEPTH: usize = 8;
+
+/// One regular file of a workspace.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkspaceEntry {
+    /// Path relative to `/work`.
+    pub path: String,
+    /// Size.
+    pub bytes: u64,
+}
+
+/// A mounted session workspace. Unmounted and removed by [`Workspace::destroy`] or on drop.
+///
+/// Beside the mount point, `<name>.lock` is held (flock) for the workspace's life: one
+/// whose lock can be taken belongs to a server that died, and [`sweep_stale`] removes it.
+/// The lock lives outside the tmpfs, where no job can reach it.
+#[derive(Debug)]
+pub struct Workspace {
+    path: PathBuf,
+    lock_path: PathBuf,
+    mounted: bool,
+    _lock: OwnedFd,
+}
+
+impl Workspace {
+    /// Creates `<root>/<name>` and mounts a tmpfs of `max_bytes` and `max_files` inodes on
+    /// it, `nosuid,nodev`. Needs the privilege to mount (root): a workspace without its cap
+    /// is refused rather than made.
+    pub fn create(
+        root: &Path,
+        name: &str,
+        max_bytes: u64,
+        max_files: u32,
+    ) -> Result<Self, HostError> {
+        let path = root.join(name);
+        let lock_path = root.join(format!("{name}{LOCK_SUFFIX}"));
+        let err = |op: &'static str| {
+            let path = path.clone();
+            move |source: std::io::Error| HostError::Workspace { op, path, source }
+        };
+        if name.contains('/') || name.starts_with('.') || name.ends_with(LOCK_SUFFIX) {
+            return Err(err("name")(std::io::Error::from(
+                std::io::ErrorKind::InvalidInput,
+            )));
+        }
+        let lock = rustix::fs::open(
+            &lock_path,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| err("create the lock")(e.into()))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| err("lock")(e.into()))?;
+        let cleanup = |lock_path: &Path| {
+            let _ = std::fs::remove_file(lock_path);
+        };
+        if let Err(e) = std::fs::create_dir(&path) {
+            cleanup(&lock_path);
+            return Err(err("create")(e));
+        }
+        let options = format!(
+            "size={max_bytes},nr_inodes={},mode=0700",
+            max_files.saturating_add(1)
+        );
+        let data =
+            std::ffi::CString::new(options).map_err(|e| err("mount")(std::io::Error::other(e)))?;
+        if let Err(e) = rustix::mount::mount(
+            "airlock-session",
+            &path,
+            "tmpfs",
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+            data.as_c_str(),
+        ) {
+            let _ = std::fs::remove_dir(&path);
+            cleanup(&lock_path);
+            return Err(err("mount a size-capped tmpfs (needs root)")(e.into()));
+        }
+        Ok(Self {
+            path,
+            lock_path,
+            mounted: true,
+            _lock: lock,
+        })
+    }
+
+    /// The mount point (what a session's jobs carry as their workspace).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Unmounts the tmpfs (everything in it goes with it) and removes the mount point.
+    pub fn destroy(mut self) -> Result<(), HostError> {
+        self.unmount()
+    }
+
+    fn unmount(&mut self) -> Result<(), HostError> {
+        if !self.mounted {
+            return Ok(());
+        }
+        self.mounted = false;
+        let path = self.path.clone();
+        let err = |op: &'static str| {
+            let path = path.clone();
+            move |source: std::io::Error| HostError::Workspace { op, path, source }
+        };
+        // Lazily: a descriptor the host still holds must not keep the tmpfs reachable by
+        // path, and the memory is freed when the last one closes.
+        rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH)
+            .map_err(|e| err("unmount")(e.into()))?;
+        std::fs::remove_dir(&self.path).map_err(err("remove"))?;
+        std::fs::remove_file(&self.lock_path).map_err(err("remove the lock"))
+    }
+
+    fn root(&self) -> Result<OwnedFd, HostError> {
+        open_root(&self.path)
+    }
+
+    /// Writes `content` at `rel`, creating the directories on the way; what sits at the
+    /// name (a file, a link) is unlinked first. A full workspace is `invalid_input`.
+    pub fn write_file(&self, rel: &str, content: &[u8]) -> Result<(), HostError> {
+        write_file_at(&self.root()?, rel, content, Mode::from_raw_mode(0o644))
+    }
+
+    /// Reads the regular file at `rel`, at most `cap` bytes (a larger file is refused).
+    pub fn read_file(&self, rel: &str, cap: u64) -> Result<Vec<u8>, HostError> {
+        read_file_at(&self.root()?, rel, cap)
+    }
+
+    /// Removes the file (or link) at `rel`; absent is fine.
+    pub fn remove_file(&self, rel: &str) -> Result<(), HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, false)?;
+        let Some(dir) = dir else { return Ok(()) };
+        match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(file_error(rel, format!("remove: {e}"), ErrorKind::Internal)),
+        }
+    }
+
+    /// The directory at `rel`, opened without following a link on the way; `None` when
+    /// it is missing (or not a plain directory).
+    pub fn open_dir(&self, rel: &str) -> Result<Option<OwnedFd>, HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, false)?;
+        let Some(dir) = dir else { return Ok(None) };
+        match open_dir_at(&dir, name) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => Ok(None),
+            Err(e) => Err(file_error(rel, format!("open: {e}"), ErrorKind::Internal)),
+        }
+    }
+
+    /// Removes the directory at `rel` and what it holds, never following a link (a link
+    /// is removed, not its target); absent is fine. Entries deeper than the walk's depth
+    /// bound stay, and so does their directory: the workspace's own end removes them.
+    pub fn remove_dir_all(&self, rel: &str) -> Result<(), HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, false)?;
+        let Some(dir) = dir else { return Ok(()) };
+        remove_tree_at(&dir, name, 0);
+        Ok(())
+    }
+
+    /// The regular files, in path order, at most `max_entries` entries looked at.
+    pub fn list(&self, max_entries: usize) -> Result<Vec<WorkspaceEntry>, HostError> {
+        let root = self.root()?;
+        let mut out = Vec::new();
+        let mut seen = 0usize;
+        list_dir(&root, "", 0, max_entries, &mut seen, &mut out);
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount() {
+            tracing::warn!(error = %e, "cannot remove a session workspace");
+        }
+    }
+}
+
+fn file_error(rel: &str, reason: impl Into<String>, kind: ErrorKind) -> HostError {
+    HostError::WorkspaceFile {
+        path: rel.to_owned(),
+        reason: reason.into(),
+        kind,
+    }
+}
+
+/// Opens a workspace's root (the host's own path: the last component must not be a link).
+pub fn open_root(path: &Path) -> Result<OwnedFd, HostError> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| HostError::Workspace {
+        op: "open",
+        path: path.to_owned(),
+        source: e.into(),
+    })
+}
+
+fn open_dir_at(dir: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Walks to the directory holding `rel`'s last segment. With `create`, missing
+/// directories are made; without, a missing one gives `None`.
+fn walk_to_parent<'a>(
+    root: &OwnedFd,
+    rel: &'a str,
+    create: bool,
+) -> Result<(Option<OwnedFd>, &'a str), HostError> {
+    check_relative_path(rel).map_err(|r| file_error(rel, r, ErrorKind::InvalidInput))?;
+    let (parents, name) = match rel.rsplit_once('/') {
+        Some((parents, name)) => (Some(parents), name),
+        None => (None, rel),
+    };
+    let mut dir = rustix::io::dup(root)
+        .map_err(|e| file_error(rel, format!("dup: {e}"), ErrorKind::Internal))?;
+    for segment in parents.into_iter().flat_map(|p| p.split('/')) {
+        dir = match open_dir_at(&dir, segment) {
+            Ok(next) => next,
+            Err(Errno::NOENT) if create => {
+                match rustix::fs::mkdirat(&dir, segment, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(Errno::NOSPC | Errno::DQUOT) => {
+                        return Err(file_error(
+                            rel,
+                            "the session's /work is full",
+                            ErrorKind::InvalidInput,
+                        ));
+                    }
+                    Err(e) => {
+                        return Err(file_error(
+                            rel,
+                            format!("mkdir {segment:?}: {e}"),
+                            ErrorKind::Internal,
+                        ));
+                    }
+                }
+                open_dir_at(&dir, segment).map_err(|e| {
+                    file_error(
+                        rel,
+                        format!("{segment:?} is not a directory ({e})"),
+                        ErrorKind::InvalidInput,
+                    )
+                })?
+            }
+            Err(Errno::NOENT) => return Ok((None, name)),
+            Err(e) => {
+                return Err(file_error(
+                    rel,
+                    format!("{segment:?} is not a plain directory ({e})"),
+                    ErrorKind::InvalidInput,
+                ));
+            }
+        };
+    }
+    Ok((Some(dir), name))
+}
+
+/// Writes a file below `root` (see [`Workspace::write_file`]).
+pub fn write_file_at(
+    root: &OwnedFd,
+    rel: &str,
+    content: &[u8],
+    mode: Mode,
+) -> Result<(), HostError> {
+    let (dir, name) = walk_to_parent(root, rel, true)?;
+    let Some(dir) = dir else {
+        return Err(file_error(rel, "directory vanished", ErrorKind::Internal));
+    };
+    match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(Errno::ISDIR | Errno::PERM) => {
+            return Err(file_error(rel, "is a directory", ErrorKind::InvalidInput));
+        }
+        Err(e) => {
+            return Err(file_error(
+                rel,
+                format!("replace: {e}"),
+                ErrorKind::Internal,
+            ));
+        }
+    }
+    let full = |e: std::io::Error| {
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+            file_error(rel, "the session's /work is full", ErrorKind::InvalidInput)
+        } else {
+            file_error(rel, format!("write: {e}"), ErrorKind::Internal)
+        }
+    };
+    let fd = rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        mode,
+    )
+    .map_err(|e| full(e.into()))?;
+    let mut file = std::fs::File::from(fd);
+    if let Err(e) = file.write_all(content) {
+        let _ = rustix::fs::unlinkat(&dir, name, AtFlags::empty());
+        return Err(full(e));
+    }
+    Ok(())
+}
+
+/// Reads a regular file below `root`, at most `cap` bytes.
+pub fn read_file_at(root: &OwnedFd, rel: &str, cap: u64) -> Result<Vec<u8>, HostError> {
+    let missing = || HostError::WorkspaceMissing {
+        path: rel.to_owned(),
+    };
+    let (dir, name) = walk_to_parent(root, rel, false)?;
+    let Some(dir) = dir else {
+        return Err(missing());
+    };
+    let fd = match rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT | Errno::LOOP) => return Err(missing()),
+        Err(e) => {
+            return Err(file_error(
+                rel,
+                format!("open: {e}"),
+                ErrorKind::InvalidInput,
+            ));
+        }
+    };
+    let st = rustix::fs::fstat(&fd)
+        .map_err(|e| file_error(rel, format!("stat: {e}"), ErrorKind::Internal))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(missing());
+    }
+    if st.st_size as u64 > cap {
+        return Err(file_error(
+            rel,
+            format!("{} bytes, more than the cap of {cap}", st.st_size),
+            ErrorKind::InvalidInput,
+        ));
+    }
+    let mut content = Vec::new();
+    // One byte past the cap: a file that grew after the stat is still caught.
+    std::fs::File::from(fd)
+        .take(cap.saturating_add(1))
+        .read_to_end(&mut content)
+        .map_err(|e| file_error(rel, format!("read: {e}"), ErrorKind::Internal))?;
+    if content.len() as u64 > cap {
+        return Err(file_error(
+            rel,
+            format!("more than the cap of {cap} bytes"),
+            ErrorKind::InvalidInput,
+        ));
+    }
+    Ok(content)
+}
+
+/// Removes `name` below `parent`: a directory with its content (to the depth bound),
+/// anything else unlinked. Best effort: what cannot be removed stays for the workspace's
+/// unmount.
+fn remove_tree_at(parent: &OwnedFd, name: &str, depth: usize) {
+    if rustix::fs::unlinkat(parent, name, AtFlags::empty()).is_ok() {
+        return;
+    }
+    if depth >= WORKSPACE_MAX_DEPTH {
+        return;
+    }
+    let Ok(dir) = open_dir_at(parent, name) else {
+        return;
+    };
+    let Ok(dup) = rustix::io::dup(&dir) else {
+        return;
+    };
+    let Ok(entries) = rustix::fs::Dir::new(dup) else {
+        return;
+    };
+    let names: Vec<std::ffi::CString> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    for child in names {
+        if let Ok(child) = child.to_str() {
+            remove_tree_at(&dir, child, depth + 1);
+        } else {
+            let _ = rustix::fs::unlinkat(&dir, child.as_c_str(), AtFlags::empty());
+        }
+    }
+    let _ = rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR);
+}
+
+fn list_dir(
+    dir: &OwnedFd,
+    prefix: &str,
+    depth: usize,
+    max_entries: usize,
+    seen: &mut usize,
+    out: &mut Vec<WorkspaceEntry>,
+) {
+    let Ok(dup) = rustix::io::dup(dir) else {
+        return;
+    };
+    let Ok(entries) = rustix::fs::Dir::new(dup) else {
+        return;
+    };
+    for entry in entries {
+        let Ok(entry) = entry else { return };
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name == "." || name == ".." {
+            continue;
+        }
+        *seen += 1;
+        if *seen > max_entries {
+            return;
+        }
+        let path = if prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let Ok(st) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => out.push(WorkspaceEntry {
+                path,
+                bytes: st.st_size as u64,
+            }),
+            FileType::Directory if depth + 1 < WORKSPACE_MAX_DEPTH => {
+                if let Ok(sub) = open_dir_at(dir, name) {
+                    list_dir(&sub, &path, depth + 1, max_entries, seen, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Hands a workspace to the job's host uid and gid: the root and everything below it,
+/// never following a link. Called before a job of the session starts, while none runs.
+pub fn chown_workspace(path: &Path, uid: u32, gid: u32) -> Result<(), HostError> {
+    let root = open_root(path)?;
+    let owner = (
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    );
+    let err = |source: std::io::Error| HostError::Workspace {
+        op: "hand to the job's uid",
+        path: path.to_owned(),
+        source,
+    };
+    rustix::fs::fchown(&root, owner.0, owner.1).map_err(|e| err(e.into()))?;
+    chown_below(&root, owner, 0).map_err(|e| err(e.into()))
+}
+
+fn chown_below(
+    dir: &OwnedFd,
+    owner: (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>),
+    depth: usize,
+) -> Result<(), Errno> {
+    let entries = rustix::fs::Dir::new(rustix::io::dup(dir)?)?;
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        rustix::fs::chownat(dir, name, owner.0, owner.1, AtFlags::SYMLINK_NOFOLLOW)?;
+        if depth < WORKSPACE_MAX_DEPTH * 4
+            && let Ok(sub) = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+        {
+            chown_below(&sub, owner, depth + 1)?;
+        }
+    }
+    Ok(())
+}
