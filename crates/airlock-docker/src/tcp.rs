@@ -195,6 +195,10 @@ impl V1Groups {
         let cgroup = match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
             Ok(s) => s,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            // Reaped between the open and the read: gone, like NotFound.
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => {
+                return Ok(());
+            }
             Err(e) => return Err(format!("read /proc/{pid}/cgroup: {e}")),
         };
         let expected = self.group_path(id);
