@@ -29,6 +29,10 @@ fi
 work="$(mktemp -d /tmp/airlock-bench.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 python3 bench/bench.py --airlock "$target_dir/release/airlock" --work "$work" --image "$image" "$@"
+# The data job with and without [native] warm_preload (docs/speed.md), numpy and pandas from
+# the pinned package directory the tests use.
+pylib="$(scripts/ci/pylib.sh)"
+python3 bench/pandas.py --airlock "$target_dir/release/airlock" --work "$work" --pylib "$pylib"
 if [ -n "$image" ] && docker ps -aq --filter label=airlock.managed | grep -q .; then
   echo "bench/run.sh: airlock containers left behind" >&2
   exit 1
