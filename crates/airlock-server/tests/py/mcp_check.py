@@ -393,9 +393,16 @@ class CancelChecks:
         left = await leftovers(marker, job, cgroups, within)
         report.ok(not left, f"{where}: nothing of the job remains ({left})")
         if self.health_url:
-            _, health = http_json("GET", self.health_url, None, None)
-            report.ok(isinstance(health, dict) and health.get("jobs_in_flight") == 0,
-                      f"{where}: /v1/health shows no job in flight ({health})")
+            # A job counts as in flight until its sandbox is removed, which a reply does not
+            # wait for (docs/serve.md): the next call's own removal may still be under way.
+            deadline = time.monotonic() + within
+            while True:
+                _, health = http_json("GET", self.health_url, None, None)
+                idle = isinstance(health, dict) and health.get("jobs_in_flight") == 0
+                if idle or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            report.ok(idle, f"{where}: /v1/health shows no job in flight within {within}s ({health})")
 
     async def client_timeout(self):
         """The client gives up (its read timeout); the SDK sends notifications/cancelled."""
