@@ -53,7 +53,7 @@ pub fn open_with(
                 })?,
                 None => warm_template(&loaded.policy)?,
             };
-            let pool = airlock_native::PooledNative::start(
+            let pool = airlock_native::pool::start(
                 Arc::new(backend),
                 template,
                 size as usize,

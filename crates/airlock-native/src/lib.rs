@@ -15,8 +15,8 @@ pub mod init;
 pub mod minimal_root;
 mod mount_plan;
 pub mod plan;
-mod pool;
+pub mod pool;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;
-pub use pool::PooledNative;
+pub use pool::{NativeWarm, PooledNative};

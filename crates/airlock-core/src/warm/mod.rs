@@ -1,0 +1,423 @@
+//! The warm pool: sandboxes started ahead of their jobs, for a long-running server. One
+//! pool for every backend; a backend supplies only how its sandboxes start, wait, are
+//! handed a job and are removed ([`WarmSandboxes`]: a native sandbox with its interpreter
+//! blocked on a pipe, a container with its interpreter blocked on its stdin).
+//!
+//! The rules every backend's warm sandboxes follow here:
+//! - each runs exactly one job, then is removed like any sandbox; never reused;
+//! - a job the template does not fit ([`WarmSandboxes::fits`]) runs in a fresh sandbox
+//!   (counted `unfit`), as does one that finds none ready (`miss`);
+//! - a sandbox found dead, or waiting longer than the idle lifetime, is discarded and
+//!   replaced; one whose CPU priority cannot be raised for its job is discarded and the job
+//!   runs fresh;
+//! - refills start after a job's removal (or when the pool is empty), in the background,
+//!   all missing ones together up to [`REFILL_BATCH_MAX`], backing off while starts fail;
+//! - shutdown (or dropping the pool) stops refilling and removes every waiting sandbox.
+
+pub mod python;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::backend::{
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, Teardown,
+    WarmPoolStats,
+};
+use crate::job::JobSpec;
+use crate::observation::RunReport;
+
+/// Longest wait between attempts when warm sandboxes fail to start.
+pub const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Most sandboxes the refill starts at once.
+pub const REFILL_BATCH_MAX: usize = 8;
+/// First wait after a failed start.
+pub const REFILL_BACKOFF_MIN: Duration = Duration::from_millis(250);
+
+/// What a backend gives the pool: how one of its sandboxes is started ahead of a job, told
+/// alive, raised to a job's CPU priority, handed its job, and removed.
+pub trait WarmSandboxes: Send + Sync + 'static {
+    /// A started sandbox waiting for its job.
+    type Warm: Send + 'static;
+    /// The backend's failure.
+    type Error: std::fmt::Display + Into<BackendError> + Send + 'static;
+
+    /// The backend jobs run on.
+    fn kind(&self) -> BackendKind;
+
+    /// What the backend supports here.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Whether `job` runs exactly as in a fresh sandbox when delivered to a warm one.
+    fn fits(&self, job: &JobSpec) -> bool;
+
+    /// Starts one sandbox, at the lowest CPU priority the backend offers.
+    fn start(&self) -> BoxFuture<'_, Result<Self::Warm, Self::Error>>;
+
+    /// The sandbox's name, for the log.
+    fn name(warm: &Self::Warm) -> &str;
+
+    /// Whether the sandbox is still running.
+    fn is_alive(&self, warm: &mut Self::Warm) -> bool;
+
+    /// Gives a sandbox taken for a job the job's normal CPU priority; the error says why
+    /// it could not (the sandbox is then discarded and the job runs in a fresh one).
+    fn raise_priority(&self, warm: &Self::Warm) -> Result<(), String>;
+
+    /// Runs `job` in the sandbox, its wall time counted from the delivery, and returns once
+    /// the report is complete, leaving the sandbox's removal to the [`Teardown`] (as
+    /// [`Backend::run_then_teardown`]).
+    fn deliver<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+        warm: Self::Warm,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), Self::Error>>;
+
+    /// Removes a sandbox that will run no job.
+    fn discard(&self, warm: Self::Warm) -> BoxFuture<'_, ()>;
+
+    /// Runs `job` in a fresh sandbox, as the backend does without a pool.
+    fn run_fresh<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), Self::Error>>;
+}
+
+/// A started sandbox and when it became ready.
+struct Ready<W> {
+    warm: W,
+    /// Past the pool's idle lifetime it is replaced.
+    ready_at: Instant,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    unfit: AtomicU64,
+    started: AtomicU64,
+    failed: AtomicU64,
+    discarded: AtomicU64,
+}
+
+struct Shared<S: WarmSandboxes> {
+    sandboxes: Arc<S>,
+    size: usize,
+    idle_max: Duration,
+    ready: Mutex<VecDeque<Ready<S::Warm>>>,
+    wake: Notify,
+    closed: AtomicBool,
+    counters: Counters,
+}
+
+/// A backend with a pool of sandboxes started ahead of its jobs.
+pub struct WarmPool<S: WarmSandboxes> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: WarmSandboxes> std::fmt::Debug for WarmPool<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmPool")
+            .field("backend", &self.shared.sandboxes.kind())
+            .field("size", &self.shared.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: WarmSandboxes> WarmPool<S> {
+    /// Keeps `size` sandboxes started, starting them in the background; one unused for
+    /// `idle_max` is removed and replaced. Must be called inside a tokio runtime.
+    pub fn start(sandboxes: Arc<S>, size: usize, idle_max: Duration) -> Self {
+        let shared = Arc::new(Shared {
+            sandboxes,
+            size,
+            idle_max,
+            ready: Mutex::new(VecDeque::with_capacity(size)),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+            counters: Counters::default(),
+        });
+        tokio::spawn(refill(shared.clone()));
+        Self { shared }
+    }
+
+    /// The backend's side of the pool.
+    pub fn sandboxes(&self) -> &Arc<S> {
+        &self.shared.sandboxes
+    }
+
+    /// The pool's figures.
+    pub fn stats(&self) -> WarmPoolStats {
+        let c = &self.shared.counters;
+        WarmPoolStats {
+            ready: self.ready() as u64,
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            unfit: c.unfit.load(Ordering::Relaxed),
+            started: c.started.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            discarded: c.discarded.load(Ordering::Relaxed),
+        }
+    }
+
+    /// How many warm sandboxes are ready now.
+    pub fn ready(&self) -> usize {
+        self.shared.ready.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    /// Whether `job` may run in one of the pool's sandboxes.
+    pub fn fits(&self, job: &JobSpec) -> bool {
+        self.shared.sandboxes.fits(job)
+    }
+
+    /// Stops refilling and removes every waiting sandbox.
+    pub async fn shutdown(&self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+        for ready in drain(&self.shared) {
+            self.shared.sandboxes.discard(ready.warm).await;
+        }
+    }
+
+    /// Runs `job`: in a warm sandbox when it fits and one is ready, else in a fresh one.
+    pub async fn run_job_with(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<RunReport, S::Error> {
+        Teardown::removed(self.run_job_then_teardown(job, tap).await).await
+    }
+
+    /// Like [`WarmPool::run_job_with`], leaving the sandbox's removal to the returned
+    /// [`Teardown`]; the refill is woken once that removal is done, so that starting the
+    /// next sandbox competes neither with the job nor with its cleanup.
+    pub async fn run_job_then_teardown(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<(RunReport, Teardown), S::Error> {
+        let shared = &self.shared;
+        let sandboxes = &shared.sandboxes;
+        if !sandboxes.fits(job) {
+            shared.counters.unfit.fetch_add(1, Ordering::Relaxed);
+            return sandboxes.run_fresh(job, tap).await;
+        }
+        let Some(warm) = self.take().await else {
+            shared.counters.misses.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(job_id = %job.id, "no warm sandbox ready; starting one for the job");
+            return sandboxes.run_fresh(job, tap).await;
+        };
+        // The sandbox waited in the background; the job runs at normal priority, or in a
+        // fresh sandbox if that cannot be had.
+        if let Err(e) = sandboxes.raise_priority(&warm) {
+            tracing::warn!(sandbox = %S::name(&warm), error = %e,
+                "cannot give a warm sandbox normal CPU priority; the job starts in a fresh one");
+            shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            sandboxes.discard(warm).await;
+            shared.wake.notify_one();
+            return sandboxes.run_fresh(job, tap).await;
+        }
+        shared.counters.hits.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(job_id = %job.id, sandbox = %S::name(&warm), "job delivered to a warm sandbox");
+        match sandboxes.deliver(job, tap, warm).await {
+            Ok((report, removal)) => {
+                let shared = self.shared.clone();
+                let teardown = Teardown::new(async move {
+                    removal.run().await;
+                    shared.wake.notify_one();
+                });
+                Ok((report, teardown))
+            }
+            Err(e) => {
+                shared.wake.notify_one();
+                Err(e)
+            }
+        }
+    }
+
+    /// The oldest ready sandbox that is still alive. The refill is woken when the pool is
+    /// empty, and otherwise only once the job is over, so that starting the replacement
+    /// does not compete with the job for the CPU.
+    async fn take(&self) -> Option<S::Warm> {
+        let shared = &self.shared;
+        loop {
+            let next = shared.ready.lock().ok().and_then(|mut r| r.pop_front());
+            let Some(mut ready) = next else {
+                shared.wake.notify_one();
+                return None;
+            };
+            let name = S::name(&ready.warm).to_owned();
+            if ready.ready_at.elapsed() > shared.idle_max {
+                tracing::debug!(sandbox = %name, "a warm sandbox outlived its idle lifetime; discarded");
+            } else if shared.sandboxes.is_alive(&mut ready.warm) {
+                return Some(ready.warm);
+            } else {
+                tracing::warn!(sandbox = %name, "a warm sandbox died while waiting; discarded");
+            }
+            shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            shared.sandboxes.discard(ready.warm).await;
+            shared.wake.notify_one();
+        }
+    }
+}
+
+impl<S: WarmSandboxes> Drop for WarmPool<S> {
+    fn drop(&mut self) {
+        // The refill task sees this and ends, removing what is still ready.
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
+}
+
+impl<S: WarmSandboxes> Backend for WarmPool<S> {
+    fn kind(&self) -> BackendKind {
+        self.shared.sandboxes.kind()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.shared.sandboxes.capabilities()
+    }
+
+    fn run<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        Box::pin(async move { self.run_job_with(job, tap).await.map_err(Into::into) })
+    }
+
+    fn run_then_teardown<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>> {
+        Box::pin(async move {
+            self.run_job_then_teardown(job, tap)
+                .await
+                .map_err(Into::into)
+        })
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(WarmPool::shutdown(self))
+    }
+
+    fn warm_pool(&self) -> Option<WarmPoolStats> {
+        Some(self.stats())
+    }
+}
+
+/// Every ready sandbox, taken out of the pool.
+fn drain<S: WarmSandboxes>(shared: &Shared<S>) -> Vec<Ready<S::Warm>> {
+    match shared.ready.lock() {
+        Ok(mut ready) => ready.drain(..).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The ready sandboxes past the idle lifetime, taken out of the pool (the oldest are first).
+fn expired<S: WarmSandboxes>(shared: &Shared<S>) -> Vec<Ready<S::Warm>> {
+    let Ok(mut ready) = shared.ready.lock() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    while ready
+        .front()
+        .is_some_and(|w| w.ready_at.elapsed() > shared.idle_max)
+    {
+        out.extend(ready.pop_front());
+    }
+    out
+}
+
+/// Keeps the pool full, starting what is missing in batches, backing off while starts fail.
+async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
+    let mut backoff = REFILL_BACKOFF_MIN;
+    loop {
+        if shared.closed.load(Ordering::SeqCst) {
+            break;
+        }
+        for ready in expired(&shared) {
+            tracing::debug!(sandbox = %S::name(&ready.warm), "a warm sandbox outlived its idle lifetime; replaced");
+            shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            shared.sandboxes.discard(ready.warm).await;
+        }
+        let (have, oldest) = match shared.ready.lock() {
+            Ok(ready) => (ready.len(), ready.front().map(|w| w.ready_at)),
+            Err(_) => break,
+        };
+        if have >= shared.size {
+            // Asleep until a job takes one or the oldest reaches its idle lifetime.
+            match oldest {
+                Some(oldest) => {
+                    let expiry = tokio::time::Instant::from_std(oldest + shared.idle_max);
+                    let _ = tokio::time::timeout_at(expiry, shared.wake.notified()).await;
+                }
+                None => shared.wake.notified().await,
+            }
+            continue;
+        }
+        // The missing sandboxes start together: on the native backend moving a process
+        // into a cgroup makes the kernel wait for an RCU grace period while it holds off
+        // every fork and exit on the host, once per burst of moves rather than per move,
+        // so a batch costs one such pause instead of one per sandbox; a daemon starts
+        // containers side by side.
+        let mut starts = tokio::task::JoinSet::new();
+        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX) {
+            let sandboxes = shared.sandboxes.clone();
+            starts.spawn(async move { sandboxes.start().await });
+        }
+        let mut failed = false;
+        let mut closed = false;
+        while let Some(joined) = starts.join_next().await {
+            match joined {
+                Ok(Ok(warm)) => {
+                    shared.counters.started.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(sandbox = %S::name(&warm), "warm sandbox ready");
+                    if closed || shared.closed.load(Ordering::SeqCst) {
+                        closed = true;
+                        shared.sandboxes.discard(warm).await;
+                        continue;
+                    }
+                    let ready = Ready {
+                        warm,
+                        ready_at: Instant::now(),
+                    };
+                    match shared.ready.lock() {
+                        Ok(mut queue) => queue.push_back(ready),
+                        Err(_) => closed = true,
+                    }
+                }
+                Ok(Err(e)) => {
+                    failed = true;
+                    shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                        "cannot start a warm sandbox");
+                }
+                Err(e) => {
+                    failed = true;
+                    shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                        "a warm sandbox's start task failed");
+                }
+            }
+        }
+        if closed {
+            break;
+        }
+        if failed {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(REFILL_BACKOFF_MAX);
+        } else {
+            backoff = REFILL_BACKOFF_MIN;
+        }
+    }
+    for ready in drain(&shared) {
+        shared.sandboxes.discard(ready.warm).await;
+    }
+}
