@@ -96,8 +96,9 @@ pub struct RunArgs {
 
     /// Run the job in a warm sandbox, as `airlock serve`'s warm pool does: the sandbox and
     /// the interpreter are started first, then the job is delivered. Slower than a plain
-    /// run; for the conformance suite and for diagnosing the warm path. Native backend,
-    /// Python jobs only. Says on stderr whether the job ran warm.
+    /// run; for the conformance suite and for diagnosing the warm path. Python jobs on the
+    /// native, docker, gvisor and podman backends (a warm container there). Says on stderr
+    /// whether the job ran warm.
     #[arg(long, hide = true)]
     warm: bool,
 
@@ -294,10 +295,10 @@ async fn run_warm(
         files: Vec::new(),
         connections: Vec::new(),
     };
-    if backend_kind != BackendKind::Native {
+    if backend_kind == BackendKind::Kube {
         return result(refuse(
             ErrorKind::InvalidInput,
-            format!("--warm needs the native backend, not {backend_kind}"),
+            format!("--warm needs the native or a container backend, not {backend_kind}"),
             &version,
         ));
     }

@@ -20,6 +20,7 @@ pub mod outdir;
 pub mod seccomp;
 pub mod spec;
 pub mod tcp;
+pub mod warm;
 
 use std::fmt;
 
