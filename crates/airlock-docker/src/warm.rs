@@ -333,7 +333,8 @@ impl WarmSandboxes for WarmContainers {
         Box::pin(async move {
             let sandbox = warm.sandbox;
             if let Err(e) = warm.leftovers.remove(None).await {
-                tracing::warn!(sandbox = %sandbox, error = %e, "cannot remove a warm container");
+                tracing::warn!(sandbox = %sandbox, error = %airlock_core::error::chain(&e),
+                    "cannot remove a warm container");
             }
         })
     }

@@ -118,6 +118,9 @@ struct Shared<S: WarmSandboxes> {
 /// A backend with a pool of sandboxes started ahead of its jobs.
 pub struct WarmPool<S: WarmSandboxes> {
     shared: Arc<Shared<S>>,
+    /// The refill task, which [`WarmPool::shutdown`] waits for: it removes the sandboxes
+    /// it still holds or is starting.
+    refill: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl<S: WarmSandboxes> std::fmt::Debug for WarmPool<S> {
@@ -142,8 +145,11 @@ impl<S: WarmSandboxes> WarmPool<S> {
             closed: AtomicBool::new(false),
             counters: Counters::default(),
         });
-        tokio::spawn(refill(shared.clone()));
-        Self { shared }
+        let refill = tokio::spawn(refill(shared.clone()));
+        Self {
+            shared,
+            refill: Mutex::new(Some(refill)),
+        }
     }
 
     /// The backend's side of the pool.
@@ -175,12 +181,24 @@ impl<S: WarmSandboxes> WarmPool<S> {
         self.shared.sandboxes.fits(job)
     }
 
-    /// Stops refilling and removes every waiting sandbox.
+    /// Stops refilling and removes every waiting sandbox, and those being started, before
+    /// it returns.
     pub async fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.wake.notify_one();
-        for ready in drain(&self.shared) {
+        // Either this or the refill task, woken, takes each ready sandbox and removes it;
+        // the task also removes the ones it was starting once they are up. Both are done
+        // when this returns.
+        let drained = drain(&self.shared);
+        tracing::debug!(waiting = drained.len(), "warm pool shutting down");
+        for ready in drained {
             self.shared.sandboxes.discard(ready.warm).await;
+        }
+        let refill = self.refill.lock().ok().and_then(|mut task| task.take());
+        if let Some(refill) = refill
+            && let Err(e) = refill.await
+        {
+            tracing::warn!(error = %e, "the warm pool's refill task failed");
         }
     }
 

@@ -1,0 +1,592 @@
+//! Warm containers (`[docker] warm_pool`, `gvisor_warm_pool`, `podman_warm_pool`): a job
+//! delivered to a container created and started before it sees exactly what a job in a
+//! fresh container sees, each container serves one job with the wall clock from the
+//! delivery, waits at the lowest CPU share and runs its job at the normal one; a dead or
+//! idle one is replaced; shutdown removes every waiting container, and a killed server's
+//! are swept when the next airlock connects.
+//!
+//! They need the container engines and the test image, which `scripts/ci/docker.sh` starts
+//! and builds: ignored here, run there with `--run-ignored only` (as the kube backend's
+//! end-to-end tests are by `scripts/ci/kube.sh`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::common::*;
+
+const POOL: u64 = 2;
+
+/// One container backend under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Docker,
+    Gvisor,
+    Podman,
+}
+
+impl Engine {
+    fn backend(self) -> &'static str {
+        match self {
+            Engine::Docker => "docker",
+            Engine::Gvisor => "gvisor",
+            Engine::Podman => "podman",
+        }
+    }
+
+    /// The policy key of this backend's pool size.
+    fn pool_key(self) -> &'static str {
+        match self {
+            Engine::Docker => "warm_pool",
+            Engine::Gvisor => "gvisor_warm_pool",
+            Engine::Podman => "podman_warm_pool",
+        }
+    }
+
+    fn socket(self) -> PathBuf {
+        let (var, default) = match self {
+            Engine::Podman => ("AIRLOCK_PODMAN_SOCKET", "/run/podman/podman.sock"),
+            Engine::Docker | Engine::Gvisor => ("AIRLOCK_DOCKER_SOCKET", "/var/run/docker.sock"),
+        };
+        std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from)
+    }
+
+    /// Why this engine cannot be tested here, if it cannot.
+    fn missing(self) -> Option<String> {
+        if !airlock_testkit::require::is_root() {
+            return Some("warm containers need root here".into());
+        }
+        if !airlock_bin().is_file() {
+            return Some(format!(
+                "no airlock binary at {} (cargo build -p airlock-cli)",
+                airlock_bin().display()
+            ));
+        }
+        if image().is_empty() {
+            return Some(
+                "AIRLOCK_TEST_IMAGE is not set (scripts/ci/docker.sh builds the image)".into(),
+            );
+        }
+        if !self.socket().exists() {
+            return Some(format!("no daemon socket at {}", self.socket().display()));
+        }
+        None
+    }
+
+    /// The docker CLI on this engine's daemon.
+    fn cli(self) -> Command {
+        let mut cmd = Command::new("docker");
+        cmd.env("DOCKER_HOST", format!("unix://{}", self.socket().display()));
+        cmd
+    }
+
+    /// A policy: the test image, this engine's sockets, a 3 s wall time, `pool` warm
+    /// containers, and `extra` lines in `[docker]`.
+    fn policy(self, pool: u64, extra: &str) -> String {
+        let docker = Engine::Docker.socket();
+        let podman = Engine::Podman.socket();
+        format!(
+            "version = \"warm-ct-1\"\n[limits]\ntimeout = \"3s\"\n[filesystem]\nrootfs = \"image:{}\"\n\
+             [docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{} = {pool}\n{extra}\n",
+            image(),
+            docker.display().to_string(),
+            podman.display().to_string(),
+            self.pool_key(),
+        )
+    }
+
+    fn server(self, pool: u64, extra: &str) -> Server {
+        Server::start(Opts {
+            args: ["--backend", self.backend(), "--policy", "warm.toml"]
+                .map(String::from)
+                .to_vec(),
+            files: vec![("warm.toml".into(), self.policy(pool, extra))],
+            ..Default::default()
+        })
+    }
+}
+
+fn image() -> String {
+    std::env::var("AIRLOCK_TEST_IMAGE").unwrap_or_default()
+}
+
+/// One series of `/metrics` (0 when absent).
+async fn metric(server: &Server, series: &str) -> u64 {
+    let text = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+async fn wait_ready(server: &Server, want: u64) {
+    let start = Instant::now();
+    while metric(server, "airlock_warm_pool_ready").await < want {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the warm pool never had {want} containers ready:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn hits(server: &Server) -> u64 {
+    metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
+}
+
+async fn discarded(server: &Server) -> u64 {
+    metric(
+        server,
+        "airlock_warm_pool_sandboxes_total{result=\"discarded\"}",
+    )
+    .await
+}
+
+/// The warm containers a server holds: the sandboxes whose job directory's lock it has
+/// open (`warm-<uuid>`; the container is `airlock-warm-<uuid>`). Other tests' servers on
+/// the same daemon hold their own.
+fn warm_containers_of(server_pid: u32) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(format!("/proc/{server_pid}/fd"))
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .filter_map(|target| {
+                    let dir = target.parent()?;
+                    (dir.parent()? == Path::new("/run/airlock-docker"))
+                        .then(|| dir.file_name()?.to_str().map(str::to_owned))
+                        .flatten()
+                })
+                .filter(|name| name.starts_with("warm-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Whether the daemon has a container of that sandbox (running or not).
+fn container_exists(engine: Engine, sandbox: &str) -> bool {
+    let out = engine
+        .cli()
+        .args(["ps", "-aq", "--filter"])
+        .arg(format!("label=airlock.job={sandbox}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    !out.stdout.is_empty()
+}
+
+/// The host pid of a sandbox's container's first process.
+fn container_pid(engine: Engine, sandbox: &str) -> u32 {
+    let out = engine
+        .cli()
+        .args(["inspect", "-f", "{{.State.Pid}}"])
+        .arg(format!("airlock-{sandbox}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// The CPU share of a process's cgroup on the host: (`cpu.shares` on v1 or `cpu.weight`
+/// on v2, its value).
+fn host_cpu_share(pid: u32) -> (String, String) {
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let dir = cgroup
+        .lines()
+        .find_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            if controllers.split(',').any(|c| c == "cpu") {
+                let mount = if Path::new("/sys/fs/cgroup/cpu,cpuacct").is_dir() {
+                    "/sys/fs/cgroup/cpu,cpuacct"
+                } else {
+                    "/sys/fs/cgroup/cpu"
+                };
+                Some(PathBuf::from(format!("{mount}{path}")))
+            } else {
+                None
+            }
+        })
+        .or_else(|| {
+            let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+            Some(PathBuf::from(format!("/sys/fs/cgroup{path}")))
+        })
+        .unwrap();
+    for name in ["cpu.shares", "cpu.weight"] {
+        if let Ok(value) = std::fs::read_to_string(dir.join(name)) {
+            return (name.to_owned(), value.trim().to_owned());
+        }
+    }
+    panic!("no CPU share file in {}", dir.display());
+}
+
+/// What a job can observe about its interpreter, its `__main__`, its descriptors and its
+/// container. Descriptor targets and mount options are kept with their inode numbers and
+/// host paths taken out (they differ between any two containers).
+const PROBE: &str = r#"
+import fcntl, json, os, re, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+def fds():
+    out = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            target = re.sub(r"\d+", "N", os.readlink("/proc/self/fd/" + fd))
+            out.append([fd, target, oct(fcntl.fcntl(int(fd), fcntl.F_GETFL))])
+        except OSError as e:
+            out.append([fd, e.strerror])
+    return out
+def mounts():
+    out = []
+    for line in open("/proc/self/mounts"):
+        source, point, fstype, options = line.split()[:4]
+        out.append([point, fstype, [o for o in options.split(",") if "/" not in o]])
+    # The engines order a container's tmpfs mounts and binds as they like.
+    return sorted(out)
+def cgroup_files():
+    out = {}
+    for path in ["/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/pids/pids.max",
+                 "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.shares",
+                 "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/cpu.max",
+                 "/sys/fs/cgroup/cpu.weight"]:
+        try:
+            out[path] = open(path).read().strip()
+        except OSError as e:
+            out[path] = e.strerror
+    return out
+print(json.dumps({
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
+    "doc": __doc__, "package": __package__, "spec": repr(__spec__),
+    "loader": type(__loader__).__name__, "globals": sorted(globals()),
+    "path": sys.path, "flags": repr(sys.flags), "modules": sorted(sys.modules),
+    "env": dict(os.environ), "cwd": os.getcwd(), "ids": [os.getuid(), os.getgid(), os.getgroups()],
+    "fds": fds(), "stdin": sys.stdin.read(), "umask": os.umask(0o22),
+    "caps": [status(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+    "no_new_privs": status("NoNewPrivs"), "seccomp": status("Seccomp"),
+    "filters": status("Seccomp_filters"), "pid": os.getpid(), "ppid": os.getppid(),
+    "sid": os.getsid(0), "pgrp": os.getpgrp(),
+    "procs": sorted(p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())),
+    "rlimits": [__import__("resource").getrlimit(r) for r in range(16)],
+    "hostname": os.uname().nodename, "mounts": mounts(), "cgroup": cgroup_files(),
+    "work": sorted(os.listdir(".")), "tmp": sorted(os.listdir("/tmp")),
+    "dev": sorted(os.listdir("/dev")), "data": open("data.txt").read(),
+    "writable": [os.access(p, os.W_OK) for p in ("/", "/work", "/tmp", "/dev/shm")],
+}, sort_keys=True))
+"#;
+
+async fn warm_containers_see_exactly_what_fresh_ones_see(engine: Engine) {
+    let cold = engine.server(0, "");
+    let warm = engine.server(POOL, "");
+    wait_ready(&warm, POOL).await;
+    let cases: Vec<Value> = vec![
+        json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
+               "files": [{"path": "data.txt", "content": "data"}]}),
+        json!({"language": "python", "code": PROBE,
+               "files": [{"path": "data.txt", "content": "x"}]}),
+        json!({"language": "python", "code": "import sys\nprint(sys.stdin.read(3), sys.stdin.read())",
+               "stdin": "abcdef"}),
+        python("def f():\n    raise ValueError('boom')\nf()\n"),
+        python("x = (\n"),
+        python("import sys\nprint('bye')\nsys.exit(3)\n"),
+        python(
+            "import atexit, threading, time\natexit.register(lambda: print('atexit'))\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n",
+        ),
+        python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('alive')\n"),
+        python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let want = post_run(&cold, None, case).await;
+        let got = post_run(&warm, None, case).await;
+        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
+        assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
+        for key in ["ok", "outcome", "exit_code", "signal", "stderr", "backend", "image_digest"] {
+            assert_eq!(
+                got.body[key], want.body[key],
+                "#{i} {key}: warm {:#} cold {:#}",
+                got.body, want.body
+            );
+        }
+        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
+        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
+            Ok(cold_probe) if cold_probe.is_object() => {
+                let warm_probe: Value = serde_json::from_str(out_warm.as_str().unwrap())
+                    .unwrap_or_else(|e| panic!("#{i}: {e}: {:#}", got.body));
+                // Nothing may differ: the job is its container's first process in both.
+                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
+            }
+            _ => assert_eq!(out_warm, out_cold, "#{i}"),
+        }
+        wait_ready(&warm, POOL).await;
+    }
+    assert_eq!(hits(&warm).await, cases.len() as u64, "{}", warm.log());
+    assert_eq!(
+        metric(&warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
+        0
+    );
+    assert_eq!(metric(&cold, "airlock_warm_pool_ready").await, 0);
+
+    // Jobs the template does not fit run in fresh containers, with their own limits.
+    let unfit = [
+        json!({"language": "python", "code": "print(1)", "memory": "128MiB"}),
+        json!({"language": "python", "code": "print(1)", "pids": 8}),
+        json!({"language": "sh", "code": "echo 1"}),
+    ];
+    for case in &unfit {
+        let answer = post_run(&warm, None, case).await;
+        assert_eq!(answer.body["stdout"], "1\n", "{:#}", answer.body);
+    }
+    assert_eq!(
+        metric(&warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
+        unfit.len() as u64
+    );
+    let big = post_run(
+        &warm,
+        None,
+        &json!({"language": "python", "code": "b = bytearray(200 << 20)\nprint('no')", "memory": "128MiB"}),
+    )
+    .await;
+    assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
+    assert_eq!(hits(&warm).await, cases.len() as u64);
+}
+
+async fn each_container_serves_one_job_from_its_delivery_at_normal_priority(engine: Engine) {
+    let warm = engine.server(1, "");
+    wait_ready(&warm, 1).await;
+    let waiting = warm_containers_of(warm.pid());
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let pid = container_pid(engine, &waiting[0]);
+    let (file, share) = host_cpu_share(pid);
+    let (background, normal) = if file == "cpu.shares" {
+        ("2", "1024")
+    } else {
+        ("1", "100")
+    };
+    assert_eq!(share, background, "{file} of the waiting container");
+
+    // While its job runs, the container's group competes as any job's does.
+    let job = tokio::spawn({
+        let url = warm.url("/v1/runs");
+        async move {
+            client()
+                .post(url)
+                .json(&python(
+                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    });
+    let start = Instant::now();
+    let mut seen = None;
+    while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
+        seen = Some(host_cpu_share(pid).1);
+        if seen.as_deref() == Some(normal) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.as_deref(), Some(normal), "{file} during the job");
+    let body = job.await.unwrap();
+    assert_eq!(body["stdout"], "running\n", "{body:#}");
+
+    // Waiting longer than the 3 s limit in the pool costs the next job nothing, and what
+    // the first job left is not there: a container serves one job.
+    wait_ready(&warm, 1).await;
+    assert!(
+        !container_exists(engine, &waiting[0]),
+        "the used container is still there"
+    );
+    let leave = post_run(
+        &warm,
+        None,
+        &python("import builtins\nbuiltins.left_behind = 1\nopen('/tmp/marker', 'w').write('x')\nprint('wrote')\n"),
+    )
+    .await;
+    assert_eq!(leave.body["stdout"], "wrote\n", "{:#}", leave.body);
+    wait_ready(&warm, 1).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let look = post_run(
+        &warm,
+        None,
+        &python("import builtins, os\nprint(hasattr(builtins, 'left_behind'), os.path.exists('/tmp/marker'), sorted(os.listdir('/work')))\n"),
+    )
+    .await;
+    assert_eq!(look.body["outcome"], "exited", "{:#}", look.body);
+    assert_eq!(look.body["stdout"], "False False ['main.py']\n", "{:#}", look.body);
+    // The limit still holds, counted from the delivery: a job that never ends is killed
+    // no earlier than its 3 s.
+    wait_ready(&warm, 1).await;
+    let slow = post_run(
+        &warm,
+        None,
+        &python("import time\nwhile True:\n    time.sleep(0.05)\n"),
+    )
+    .await;
+    assert_eq!(slow.body["outcome"], "timeout", "{:#}", slow.body);
+    assert!(slow.body["duration_ms"].as_u64().unwrap() >= 3000, "{:#}", slow.body);
+    assert_eq!(hits(&warm).await, 4, "{}", warm.log());
+}
+
+async fn a_dead_or_idle_container_is_replaced(engine: Engine) {
+    let warm = engine.server(1, "warm_idle = \"5s\"");
+    wait_ready(&warm, 1).await;
+    let first = warm_containers_of(warm.pid());
+    assert_eq!(first.len(), 1, "{first:?}");
+    // The container dies while it waits: the next job does not get it.
+    let killed = engine
+        .cli()
+        .args(["kill"])
+        .arg(format!("airlock-{}", first[0]))
+        .output()
+        .unwrap();
+    assert!(killed.status.success(), "{}", String::from_utf8_lossy(&killed.stderr));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answer = post_run(&warm, None, &python("print('fine')")).await;
+    assert_eq!(answer.body["stdout"], "fine\n", "{:#}", answer.body);
+    assert_eq!(answer.body["outcome"], "exited");
+    assert_eq!(discarded(&warm).await, 1, "{}", warm.log());
+    assert_eq!(hits(&warm).await, 0, "the dead container served a job");
+    assert!(
+        eventually(20, || !container_exists(engine, &first[0])),
+        "the dead container was not removed"
+    );
+
+    // Past its idle lifetime a container is removed and another takes its place, with no
+    // job.
+    wait_ready(&warm, 1).await;
+    let second = warm_containers_of(warm.pid());
+    assert_eq!(second.len(), 1, "{second:?}");
+    let start = Instant::now();
+    loop {
+        let now = warm_containers_of(warm.pid());
+        if discarded(&warm).await >= 2 && now.len() == 1 && now != second {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the idle container was not replaced (now {now:?}):\n{}",
+            warm.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        eventually(20, || !container_exists(engine, &second[0])),
+        "the idle container was not removed"
+    );
+    wait_ready(&warm, 1).await;
+    let answer = post_run(&warm, None, &python("print('fresh')")).await;
+    assert_eq!(answer.body["stdout"], "fresh\n", "{:#}", answer.body);
+    assert_eq!(hits(&warm).await, 1, "{}", warm.log());
+}
+
+async fn shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept(
+    engine: Engine,
+) {
+    let mut warm = engine.server(POOL, "");
+    wait_ready(&warm, POOL).await;
+    let waiting = warm_containers_of(warm.pid());
+    assert_eq!(waiting.len(), POOL as usize, "{waiting:?}");
+    warm.terminate();
+    assert!(warm.wait(Duration::from_secs(60)).success(), "{}", warm.log());
+    for sandbox in &waiting {
+        assert!(
+            !container_exists(engine, sandbox),
+            "{sandbox} left behind:\n{}",
+            warm.log()
+        );
+        assert!(
+            !Path::new("/run/airlock-docker").join(sandbox).exists(),
+            "{sandbox}'s directory left behind"
+        );
+    }
+
+    // A server killed outright leaves its containers; the next airlock to connect to the
+    // daemon removes them (their job directories' locks died with it).
+    let mut killed = engine.server(POOL, "");
+    wait_ready(&killed, POOL).await;
+    let left = warm_containers_of(killed.pid());
+    assert_eq!(left.len(), POOL as usize, "{left:?}");
+    let pid = rustix::process::Pid::from_raw(killed.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    killed.wait(Duration::from_secs(10));
+    for sandbox in &left {
+        assert!(container_exists(engine, sandbox), "{sandbox} gone before the sweep");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("policy.toml"), engine.policy(0, "")).unwrap();
+    let out = Command::new(airlock_bin())
+        .args(["run", "--json", "--backend", engine.backend(), "--policy"])
+        .arg(dir.path().join("policy.toml"))
+        .args(["-c", "print('next')"])
+        .env("AIRLOCK_STATE_DIR", dir.path())
+        .output()
+        .unwrap();
+    let obs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(obs["stdout"], "next\n", "{obs:#}");
+    for sandbox in &left {
+        assert!(!container_exists(engine, sandbox), "{sandbox} not swept");
+        assert!(
+            !Path::new("/run/airlock-docker").join(sandbox).exists(),
+            "{sandbox}'s directory not swept"
+        );
+    }
+}
+
+/// Waits up to `secs` for `check` to hold.
+fn eventually(secs: u64, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check()
+}
+
+/// One test per engine for each check: `suite::warm_containers::<engine>::<check>`.
+macro_rules! per_engine {
+    ($($check:ident),* $(,)?) => {
+        per_engine!(@engine docker, Docker, $($check),*);
+        per_engine!(@engine gvisor, Gvisor, $($check),*);
+        per_engine!(@engine podman, Podman, $($check),*);
+    };
+    (@engine $module:ident, $engine:ident, $($check:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs the container engines and the test image: scripts/ci/docker.sh runs it"]
+                async fn $check() {
+                    let engine = super::Engine::$engine;
+                    let missing = engine.missing();
+                    airlock_testkit::require!(missing.is_none(), missing.unwrap_or_default());
+                    super::$check(engine).await;
+                }
+            )*
+        }
+    };
+}
+
+per_engine!(
+    warm_containers_see_exactly_what_fresh_ones_see,
+    each_container_serves_one_job_from_its_delivery_at_normal_priority,
+    a_dead_or_idle_container_is_replaced,
+    shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept,
+);
