@@ -61,12 +61,13 @@ pub fn start(
     if let Some(reason) = python::unsupported_template(&template) {
         return Err(refuse(reason));
     }
+    let mut template = template;
     if template.filesystem.out.enabled {
-        return Err(refuse(
-            "the policy's jobs have /out, which a warm container does not: its tmpfs is \
-             mounted for each job; set [docker] warm pools to 0 or turn /out off"
-                .into(),
-        ));
+        // /out is a tmpfs mounted for each job: a warm container has none, and jobs that
+        // ask for it run in a fresh one. With /out on by default that is every job.
+        tracing::warn!(backend = %flavor,
+            "the policy gives jobs /out, which warm containers do not have: such jobs run in fresh containers");
+        template.filesystem.out.enabled = false;
     }
     // Where the containers' cgroups are, to give a delivered job its CPU share.
     let hierarchy = Hierarchy::detect()

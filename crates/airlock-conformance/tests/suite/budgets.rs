@@ -255,7 +255,8 @@ conformance_on! {
 }
 
 conformance_on! {
-    [docker: Docker, gvisor: Gvisor, podman: Podman]
+    [docker: Docker, gvisor: Gvisor, podman: Podman,
+     warm_docker: WarmDocker, warm_gvisor: WarmGvisor, warm_podman: WarmPodman]
 
     // The container engines refuse `vm.*` sysctls for a container and airlock's jobs never
     // hold the privilege to set one from inside, so a memfd the job writes stays
@@ -268,7 +269,7 @@ conformance_on! {
         assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
         // gVisor's own kernel does not know MFD_EXEC (Linux 6.3): it answers EINVAL for
         // the flag, and runs a memfd made without it all the same.
-        let expected = if t.kind == Kind::Gvisor {
+        let expected = if t.kind.base() == Kind::Gvisor {
             "ran ran EINVAL\n"
         } else {
             "ran ran created\n"
@@ -291,7 +292,8 @@ mod tcp {
     const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 
     conformance_on! {
-        [native: Native, warm: Warm, docker: Docker, gvisor: Gvisor, podman: Podman]
+        [native: Native, warm: Warm, docker: Docker, gvisor: Gvisor, podman: Podman,
+     warm_docker: WarmDocker, warm_gvisor: WarmGvisor, warm_podman: WarmPodman]
 
         fn tcp_buffers_are_held_to_the_memory_limit(t: &Target) {
             let policy = t.policy_with("timeout = \"30s\"", "", "");
@@ -343,7 +345,7 @@ mod tcp {
                     "not cgroup v1 with TCP accounting: airlock creates no memory groups"
                 );
                 let name = format!("{:064x}", rand_id());
-                let dir = match t.kind {
+                let dir = match t.kind.base() {
                     Kind::Podman => format!("{V1_MEMORY}/airlock-podman/libpod-{name}"),
                     _ => format!("{V1_MEMORY}/airlock-docker/{name}"),
                 };

@@ -60,7 +60,7 @@ fn run_proxy_with(t: &Target, policy: &std::path::Path, args: &[&str], source: &
 /// Runs a proxy job, or checks the refusal where the backend cannot give the shape.
 fn run(t: &Target, policy: &std::path::Path, source: &str) -> Option<serde_json::Value> {
     let run = run_proxy(t, policy, source);
-    if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
+    if matches!(t.kind.base(), Kind::Gvisor | Kind::Kube) {
         assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
         assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
         assert!(
@@ -462,7 +462,7 @@ conformance! {
         );
         let narrowed = format!("api.test:{port}");
         let run = run_proxy_with(t, &policy, &["--allow", &narrowed], &source);
-        if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
+        if matches!(t.kind.base(), Kind::Gvisor | Kind::Kube) {
             assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
             return;
         }
