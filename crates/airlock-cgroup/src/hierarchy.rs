@@ -478,20 +478,28 @@ pub(crate) mod tests {
     fn a_containers_cpu_group_is_found_from_its_proc_cgroup() -> Result<(), CgroupError> {
         let id = "0123abcd";
         let v1 = Hierarchy::from_proc_files(V1_HOST_MOUNTINFO, V1_HOST_CGROUP)?;
-        let container = format!("4:memory:/airlock-docker/{id}\n2:cpuacct:/airlock-docker/{id}\n1:cpu:/airlock-docker/{id}\n0::/\n");
+        let container = format!(
+            "4:memory:/airlock-docker/{id}\n2:cpuacct:/airlock-docker/{id}\n1:cpu:/airlock-docker/{id}\n0::/\n"
+        );
         assert_eq!(
             v1.cpu_dir_of(&container),
-            Some(PathBuf::from(format!("/sys/fs/cgroup/cpu/airlock-docker/{id}")))
+            Some(PathBuf::from(format!(
+                "/sys/fs/cgroup/cpu/airlock-docker/{id}"
+            )))
         );
         let hybrid = Hierarchy::from_proc_files(HYBRID_MOUNTINFO, HYBRID_CGROUP)?;
         assert_eq!(
             hybrid.cpu_dir_of(&format!("4:cpu,cpuacct:/docker/{id}\n0::/docker/{id}\n")),
-            Some(PathBuf::from(format!("/sys/fs/cgroup/cpu,cpuacct/docker/{id}")))
+            Some(PathBuf::from(format!(
+                "/sys/fs/cgroup/cpu,cpuacct/docker/{id}"
+            )))
         );
         let v2 = Hierarchy::from_proc_files(V2_HOST_MOUNTINFO, V2_HOST_CGROUP)?;
         assert_eq!(
             v2.cpu_dir_of(&format!("0::/system.slice/docker-{id}.scope\n")),
-            Some(PathBuf::from(format!("/sys/fs/cgroup/system.slice/docker-{id}.scope")))
+            Some(PathBuf::from(format!(
+                "/sys/fs/cgroup/system.slice/docker-{id}.scope"
+            )))
         );
         assert_eq!(v2.cpu_dir_of("1:cpu:/x\n"), None, "no unified line");
         assert_eq!(v1.cpu_dir_of("1:cpu:/../x\n"), None);

@@ -367,8 +367,16 @@ impl DockerBackend {
         };
         let ran = match started {
             Ok(started) => {
-                self.run_started(job, tap, ready, &image, &leftovers.name, started, proxy_config)
-                    .await
+                self.run_started(
+                    job,
+                    tap,
+                    ready,
+                    &image,
+                    &leftovers.name,
+                    started,
+                    proxy_config,
+                )
+                .await
             }
             Err(e) => Err(e),
         };
@@ -436,11 +444,7 @@ impl DockerBackend {
     /// Creates the empty read-only file in the job directory `sandbox` that hides device
     /// nodes ([`spec::GVISOR_HIDDEN_DEVICE_NODES`]).
     pub(crate) fn create_empty_file(&self, sandbox: &str) -> Result<PathBuf, DockerError> {
-        let path = self
-            .runtime_dir
-            .path()
-            .join(sandbox)
-            .join(EMPTY_FILE_NAME);
+        let path = self.runtime_dir.path().join(sandbox).join(EMPTY_FILE_NAME);
         create_empty_file(&path).map_err(|source| DockerError::EmptyFile {
             path: path.clone(),
             source,
@@ -604,7 +608,11 @@ impl DockerBackend {
                 })?;
         }
         let setup = started_at.saturating_duration_since(setup_started);
-        tracing::debug!(sandbox, setup_ms = setup.as_millis() as u64, "container started");
+        tracing::debug!(
+            sandbox,
+            setup_ms = setup.as_millis() as u64,
+            "container started"
+        );
         Ok(Started {
             output: attached.output,
             input: attached.input,
@@ -630,7 +638,10 @@ impl DockerBackend {
         // Proxy mode: bind the proxy's socket in the container's own network namespace,
         // serve it, then release the program (it waits for one line on stdin).
         let proxy = match &proxy_config {
-            Some(config) => Some(self.start_proxy(&ready.docker, name, config.clone()).await?),
+            Some(config) => Some(
+                self.start_proxy(&ready.docker, name, config.clone())
+                    .await?,
+            ),
             None => None,
         };
         let mut stdin_bytes = Vec::new();
@@ -745,7 +756,6 @@ impl DockerBackend {
             network: None,
         })
     }
-
 }
 
 /// The job's uid and gid, which own its input files.

@@ -106,12 +106,7 @@ pub struct ContainerPlan<'a> {
 
 /// The labels of a sandbox's container (`sandbox`: the job id, or the warm container's
 /// name).
-pub fn labels(
-    sandbox: &str,
-    flavor: Flavor,
-    boot_id: &str,
-    warm: bool,
-) -> HashMap<String, String> {
+pub fn labels(sandbox: &str, flavor: Flavor, boot_id: &str, warm: bool) -> HashMap<String, String> {
     let mut labels = HashMap::from([
         (LABEL_MANAGED.to_owned(), "true".to_owned()),
         (LABEL_JOB.to_owned(), sandbox.to_owned()),
@@ -411,18 +406,35 @@ mod tests {
             let entrypoint = warm["Entrypoint"].as_array().unwrap().clone();
             let cold_entrypoint = cold["Entrypoint"].as_array().unwrap();
             let env_end = cold_entrypoint.len() - job.argv.len();
-            assert_eq!(entrypoint[..env_end], cold_entrypoint[..env_end], "{flavor}");
-            assert_eq!(entrypoint[env_end..], warm_argv.iter().map(|a| serde_json::json!(a)).collect::<Vec<_>>()[..]);
+            assert_eq!(
+                entrypoint[..env_end],
+                cold_entrypoint[..env_end],
+                "{flavor}"
+            );
+            assert_eq!(
+                entrypoint[env_end..],
+                warm_argv
+                    .iter()
+                    .map(|a| serde_json::json!(a))
+                    .collect::<Vec<_>>()[..]
+            );
             assert_eq!(warm["HostConfig"]["CpuShares"], WARM_CPU_SHARES);
             assert_eq!(warm["Labels"][LABEL_WARM], "true");
-            for (key, value) in [("AttachStdin", true), ("OpenStdin", true), ("StdinOnce", true)] {
+            for (key, value) in [
+                ("AttachStdin", true),
+                ("OpenStdin", true),
+                ("StdinOnce", true),
+            ] {
                 assert_eq!(warm[key], value, "{key}");
                 assert_eq!(cold[key], false, "{key}");
             }
             // Everything else is the cold container's, field by field.
             warm["Entrypoint"] = cold["Entrypoint"].clone();
             assert_eq!(cold["HostConfig"].get("CpuShares"), None);
-            warm["HostConfig"].as_object_mut().unwrap().remove("CpuShares");
+            warm["HostConfig"]
+                .as_object_mut()
+                .unwrap()
+                .remove("CpuShares");
             warm["Labels"].as_object_mut().unwrap().remove(LABEL_WARM);
             for key in ["AttachStdin", "OpenStdin", "StdinOnce"] {
                 warm[key] = cold[key].clone();

@@ -265,8 +265,7 @@ impl WarmContainers {
     /// Writes the kernel's default CPU share into the cgroup of the container's first
     /// process, after checking that the group is the container's (its id is in its path).
     fn raise(&self, warm: &WaitingContainer) -> Result<(), String> {
-        let (Some(pid), Some(id)) = (warm.started.pid, warm.leftovers.created_id.as_deref())
-        else {
+        let (Some(pid), Some(id)) = (warm.started.pid, warm.leftovers.created_id.as_deref()) else {
             return Err("the container has no process".into());
         };
         let path = format!("/proc/{pid}/cgroup");

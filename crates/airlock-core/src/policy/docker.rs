@@ -161,7 +161,11 @@ mod tests {
     fn warm_pools_are_per_backend_and_off_by_default() {
         use crate::BackendKind;
         let p = Policy::builtin();
-        for kind in [BackendKind::Docker, BackendKind::Gvisor, BackendKind::Podman] {
+        for kind in [
+            BackendKind::Docker,
+            BackendKind::Gvisor,
+            BackendKind::Podman,
+        ] {
             assert_eq!(p.docker.warm_pool_of(kind), 0);
         }
         let p = Policy::from_toml(

@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::backend::{
-    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, Teardown,
-    WarmPoolStats,
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, Teardown, WarmPoolStats,
 };
 use crate::job::JobSpec;
 use crate::observation::RunReport;

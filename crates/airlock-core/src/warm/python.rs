@@ -232,7 +232,10 @@ mod tests {
     fn the_warm_argv_is_the_templates_flags_and_the_bootstrap_on_its_descriptor() {
         let template = job(&[]);
         let argv = warm_argv(&template, &[], 6).unwrap();
-        assert_eq!(argv[..argv.len() - 2], template.argv[..template.argv.len() - 1]);
+        assert_eq!(
+            argv[..argv.len() - 2],
+            template.argv[..template.argv.len() - 1]
+        );
         assert_eq!(argv[argv.len() - 2], "-c");
         let program = &argv[argv.len() - 1];
         assert!(program.contains("os.read(6, "), "{program}");

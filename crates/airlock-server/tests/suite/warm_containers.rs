@@ -182,7 +182,11 @@ fn container_exists(engine: Engine, sandbox: &str) -> bool {
         .arg(format!("label=airlock.job={sandbox}"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     !out.stdout.is_empty()
 }
 
@@ -194,7 +198,11 @@ fn container_pid(engine: Engine, sandbox: &str) -> u32 {
         .arg(format!("airlock-{sandbox}"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
@@ -312,7 +320,15 @@ async fn warm_containers_see_exactly_what_fresh_ones_see(engine: Engine) {
         let got = post_run(&warm, None, case).await;
         assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
         assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
-        for key in ["ok", "outcome", "exit_code", "signal", "stderr", "backend", "image_digest"] {
+        for key in [
+            "ok",
+            "outcome",
+            "exit_code",
+            "signal",
+            "stderr",
+            "backend",
+            "image_digest",
+        ] {
             assert_eq!(
                 got.body[key], want.body[key],
                 "#{i} {key}: warm {:#} cold {:#}",
@@ -429,7 +445,11 @@ async fn each_container_serves_one_job_from_its_delivery_at_normal_priority(engi
     )
     .await;
     assert_eq!(look.body["outcome"], "exited", "{:#}", look.body);
-    assert_eq!(look.body["stdout"], "False False ['main.py']\n", "{:#}", look.body);
+    assert_eq!(
+        look.body["stdout"], "False False ['main.py']\n",
+        "{:#}",
+        look.body
+    );
     // The limit still holds, counted from the delivery: a job that never ends is killed
     // no earlier than its 3 s.
     wait_ready(&warm, 1).await;
@@ -440,7 +460,11 @@ async fn each_container_serves_one_job_from_its_delivery_at_normal_priority(engi
     )
     .await;
     assert_eq!(slow.body["outcome"], "timeout", "{:#}", slow.body);
-    assert!(slow.body["duration_ms"].as_u64().unwrap() >= 3000, "{:#}", slow.body);
+    assert!(
+        slow.body["duration_ms"].as_u64().unwrap() >= 3000,
+        "{:#}",
+        slow.body
+    );
     assert_eq!(hits(&warm).await, 4, "{}", warm.log());
 }
 
@@ -456,7 +480,11 @@ async fn a_dead_or_idle_container_is_replaced(engine: Engine) {
         .arg(format!("airlock-{}", first[0]))
         .output()
         .unwrap();
-    assert!(killed.status.success(), "{}", String::from_utf8_lossy(&killed.stderr));
+    assert!(
+        killed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let answer = post_run(&warm, None, &python("print('fine')")).await;
     assert_eq!(answer.body["stdout"], "fine\n", "{:#}", answer.body);
@@ -496,15 +524,17 @@ async fn a_dead_or_idle_container_is_replaced(engine: Engine) {
     assert_eq!(hits(&warm).await, 1, "{}", warm.log());
 }
 
-async fn shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept(
-    engine: Engine,
-) {
+async fn shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept(engine: Engine) {
     let mut warm = engine.server(POOL, "");
     wait_ready(&warm, POOL).await;
     let waiting = warm_containers_of(warm.pid());
     assert_eq!(waiting.len(), POOL as usize, "{waiting:?}");
     warm.terminate();
-    assert!(warm.wait(Duration::from_secs(60)).success(), "{}", warm.log());
+    assert!(
+        warm.wait(Duration::from_secs(60)).success(),
+        "{}",
+        warm.log()
+    );
     for sandbox in &waiting {
         assert!(
             !container_exists(engine, sandbox),
@@ -527,7 +557,10 @@ async fn shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
     killed.wait(Duration::from_secs(10));
     for sandbox in &left {
-        assert!(container_exists(engine, sandbox), "{sandbox} gone before the sweep");
+        assert!(
+            container_exists(engine, sandbox),
+            "{sandbox} gone before the sweep"
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("policy.toml"), engine.policy(0, "")).unwrap();
