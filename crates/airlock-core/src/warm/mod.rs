@@ -438,3 +438,290 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
         shared.sandboxes.discard(ready.warm).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The pool's rules against a fake backend whose sandboxes are ids: which sandbox a job
+    //! got, which were discarded, which are still up.
+    use super::*;
+    use crate::capture::CapturedOutput;
+    use crate::observation::Termination;
+    use crate::{BackendError, ErrorKind, JobRequest, Policy};
+    use pretty_assertions::assert_eq;
+    use std::collections::BTreeSet;
+
+    /// Long enough for anything these tests wait for on a loaded machine; they wait for
+    /// states, never measure time.
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    #[derive(Debug)]
+    struct FakeError;
+
+    impl std::fmt::Display for FakeError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("fake failure")
+        }
+    }
+
+    impl From<FakeError> for BackendError {
+        fn from(_: FakeError) -> Self {
+            BackendError::new(ErrorKind::Internal, "fake failure")
+        }
+    }
+
+    struct FakeWarm {
+        id: u64,
+        name: String,
+        alive: Arc<AtomicBool>,
+    }
+
+    #[derive(Default)]
+    struct Fake {
+        next: AtomicU64,
+        /// Sandboxes started and not yet removed, and a handle to kill each.
+        up: Mutex<Vec<(u64, Arc<AtomicBool>)>>,
+        discarded: Mutex<Vec<u64>>,
+        /// The sandbox each delivered job got.
+        delivered: Mutex<Vec<u64>>,
+        fresh: AtomicU64,
+        raise_fails: AtomicBool,
+        /// How long a start takes.
+        start_delay: Duration,
+    }
+
+    impl Fake {
+        fn up(&self) -> BTreeSet<u64> {
+            self.up.lock().unwrap().iter().map(|(id, _)| *id).collect()
+        }
+
+        fn remove(&self, id: u64) {
+            self.up.lock().unwrap().retain(|(up, _)| *up != id);
+        }
+
+        fn kill(&self, id: u64) {
+            let up = self.up.lock().unwrap();
+            let (_, alive) = up.iter().find(|(up, _)| *up == id).unwrap();
+            alive.store(false, Ordering::SeqCst);
+        }
+    }
+
+    fn report() -> RunReport {
+        RunReport {
+            termination: Termination::Exited(0),
+            limit_hit: None,
+            oom_kills: 0,
+            stdout: CapturedOutput::default(),
+            stderr: CapturedOutput::default(),
+            duration: Duration::ZERO,
+            setup: Duration::ZERO,
+            cpu_time: None,
+            peak_memory_bytes: None,
+            image_digest: None,
+            degraded: Vec::new(),
+            out_files: Vec::new(),
+            out_rejected: Vec::new(),
+            network: None,
+        }
+    }
+
+    impl WarmSandboxes for Fake {
+        type Warm = FakeWarm;
+        type Error = FakeError;
+
+        fn kind(&self) -> BackendKind {
+            BackendKind::Native
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                backend: BackendKind::Native,
+                network_proxy: false,
+                out_dir: false,
+                image_rootfs: false,
+            }
+        }
+
+        fn fits(&self, job: &JobSpec) -> bool {
+            job.language == "python"
+        }
+
+        fn start(&self) -> BoxFuture<'_, Result<FakeWarm, FakeError>> {
+            Box::pin(async move {
+                // Up from the start's first step, as a container is once created.
+                let id = self.next.fetch_add(1, Ordering::SeqCst);
+                let alive = Arc::new(AtomicBool::new(true));
+                self.up.lock().unwrap().push((id, alive.clone()));
+                tokio::time::sleep(self.start_delay).await;
+                Ok(FakeWarm {
+                    id,
+                    name: format!("warm-{id}"),
+                    alive,
+                })
+            })
+        }
+
+        fn name(warm: &FakeWarm) -> &str {
+            &warm.name
+        }
+
+        fn is_alive(&self, warm: &mut FakeWarm) -> bool {
+            warm.alive.load(Ordering::SeqCst)
+        }
+
+        fn raise_priority(&self, _: &FakeWarm) -> Result<(), String> {
+            if self.raise_fails.load(Ordering::SeqCst) {
+                Err("refused".into())
+            } else {
+                Ok(())
+            }
+        }
+
+        fn deliver<'a>(
+            &'a self,
+            _: &'a JobSpec,
+            _: Option<OutputTap>,
+            warm: FakeWarm,
+        ) -> BoxFuture<'a, Result<(RunReport, Teardown), FakeError>> {
+            Box::pin(async move {
+                self.delivered.lock().unwrap().push(warm.id);
+                self.remove(warm.id);
+                Ok((report(), Teardown::none()))
+            })
+        }
+
+        fn discard(&self, warm: FakeWarm) -> BoxFuture<'_, ()> {
+            Box::pin(async move {
+                self.discarded.lock().unwrap().push(warm.id);
+                self.remove(warm.id);
+            })
+        }
+
+        fn run_fresh<'a>(
+            &'a self,
+            _: &'a JobSpec,
+            _: Option<OutputTap>,
+        ) -> BoxFuture<'a, Result<(RunReport, Teardown), FakeError>> {
+            Box::pin(async move {
+                self.fresh.fetch_add(1, Ordering::SeqCst);
+                Ok((report(), Teardown::none()))
+            })
+        }
+    }
+
+    fn job(language: &str) -> JobSpec {
+        JobRequest {
+            language: language.into(),
+            source: b"pass".to_vec(),
+            ..Default::default()
+        }
+        .resolve(&Policy::builtin())
+        .unwrap()
+    }
+
+    async fn until(what: &str, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !check() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_takes_the_oldest_ready_sandbox_and_it_is_replaced_after() {
+        let fake = Arc::new(Fake::default());
+        let pool = WarmPool::start(fake.clone(), 2, Duration::from_secs(600));
+        until("two ready", || pool.ready() == 2).await;
+        pool.run_job_with(&job("python"), None).await.unwrap();
+        assert_eq!(*fake.delivered.lock().unwrap(), vec![0]);
+        until("the replacement", || pool.ready() == 2).await;
+        assert_eq!(fake.up(), BTreeSet::from([1, 2]));
+        pool.run_job_with(&job("python"), None).await.unwrap();
+        assert_eq!(*fake.delivered.lock().unwrap(), vec![0, 1], "never reused");
+        let stats = pool.stats();
+        assert_eq!((stats.hits, stats.misses, stats.unfit), (2, 0, 0));
+        assert_eq!(fake.fresh.load(Ordering::SeqCst), 0);
+        pool.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn unfit_jobs_and_jobs_finding_none_ready_run_fresh() {
+        let fake = Arc::new(Fake {
+            start_delay: Duration::from_secs(3600),
+            ..Fake::default()
+        });
+        let pool = WarmPool::start(fake.clone(), 1, Duration::from_secs(600));
+        pool.run_job_with(&job("sh"), None).await.unwrap();
+        pool.run_job_with(&job("python"), None).await.unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.hits, stats.misses, stats.unfit), (0, 1, 1));
+        assert_eq!(fake.fresh.load(Ordering::SeqCst), 2);
+        assert!(fake.delivered.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_dead_sandbox_is_discarded_and_never_gets_a_job() {
+        let fake = Arc::new(Fake::default());
+        let pool = WarmPool::start(fake.clone(), 2, Duration::from_secs(600));
+        until("two ready", || pool.ready() == 2).await;
+        fake.kill(0);
+        pool.run_job_with(&job("python"), None).await.unwrap();
+        assert_eq!(*fake.delivered.lock().unwrap(), vec![1]);
+        assert_eq!(*fake.discarded.lock().unwrap(), vec![0]);
+        assert_eq!(pool.stats().discarded, 1);
+        until("refilled", || pool.ready() == 2).await;
+        pool.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_whose_priority_cannot_be_raised_is_discarded_and_the_job_runs_fresh() {
+        let fake = Arc::new(Fake::default());
+        let pool = WarmPool::start(fake.clone(), 1, Duration::from_secs(600));
+        until("one ready", || pool.ready() == 1).await;
+        fake.raise_fails.store(true, Ordering::SeqCst);
+        pool.run_job_with(&job("python"), None).await.unwrap();
+        assert!(fake.delivered.lock().unwrap().is_empty());
+        assert_eq!(*fake.discarded.lock().unwrap(), vec![0]);
+        assert_eq!(fake.fresh.load(Ordering::SeqCst), 1);
+        let stats = pool.stats();
+        assert_eq!((stats.hits, stats.discarded), (0, 1));
+        pool.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_idle_past_its_lifetime_is_replaced_without_a_job() {
+        let fake = Arc::new(Fake::default());
+        let pool = WarmPool::start(fake.clone(), 1, Duration::from_millis(50));
+        until("the first replaced", || {
+            fake.discarded.lock().unwrap().contains(&0) && pool.ready() == 1
+        })
+        .await;
+        assert!(!fake.up().contains(&0));
+        assert!(fake.delivered.lock().unwrap().is_empty());
+        pool.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_removes_the_waiting_sandboxes_and_those_still_starting() {
+        for wait_for_ready in [false, true] {
+            let fake = Arc::new(Fake {
+                start_delay: Duration::from_millis(50),
+                ..Fake::default()
+            });
+            let pool = WarmPool::start(fake.clone(), 3, Duration::from_secs(600));
+            if wait_for_ready {
+                until("three ready", || pool.ready() == 3).await;
+            } else {
+                until("three starting", || fake.up().len() == 3).await;
+            }
+            pool.shutdown().await;
+            // Whatever had started, the refill's or the shutdown's removal took it, before
+            // shutdown returned.
+            assert_eq!(fake.up(), BTreeSet::new(), "ready first: {wait_for_ready}");
+            assert_eq!(
+                fake.discarded.lock().unwrap().len() as u64,
+                fake.next.load(Ordering::SeqCst)
+            );
+            assert_eq!(pool.ready(), 0);
+        }
+    }
+}
