@@ -339,32 +339,14 @@ impl DockerBackend {
             )),
             NetworkMode::None => None,
         };
-        let name = spec::container_name(job.id.as_str());
-        let guard = ContainerGuard::new(&self.config.socket, &name);
-        let mut created_id = None;
-        let started = self
-            .start_container(
-                job,
-                ready,
-                &ContainerFiles {
-                    image: &image,
-                    workdir: &jobdir.work(),
-                    empty_file: &empty_file,
-                    out: out.as_ref(),
-                },
-                job.id.as_str(),
-                None,
-                &mut created_id,
-            )
-            .await;
-        let leftovers = Leftovers {
-            docker: ready.docker.clone(),
-            tcp: ready.tcp.clone(),
-            guard,
-            created_id,
-            name,
-            jobdir,
+        let files = ContainerFiles {
+            image: &image,
+            empty_file: &empty_file,
+            out: out.as_ref(),
         };
+        let (leftovers, started) = self
+            .start_container(job, ready, &files, jobdir, job.id.as_str(), None)
+            .await;
         let ran = match started {
             Ok(started) => {
                 self.run_started(
@@ -477,15 +459,53 @@ impl DockerBackend {
         airlock_proxy::spawn(listener, config).map_err(|e| failed(e.to_string()))
     }
 
-    /// Creates the container of `sandbox` for `job` (a warm one when `warm_argv` is given),
-    /// sets up its v1 memory group, attaches to it and starts it. `created_id` receives the
-    /// container's id as soon as it exists, for the removal.
-    #[allow(clippy::too_many_arguments)]
+    /// Creates the container of `sandbox` for `job` (a warm one when `warm_argv` is given)
+    /// with `jobdir`'s `work/` at `/work`, sets up its v1 memory group, attaches to it and
+    /// starts it. Returns what is to be removed after it (the container, whatever came of
+    /// the start, its group and the directory) and how the start went.
     pub(crate) async fn start_container(
         &self,
         job: &JobSpec,
         ready: &Ready,
         files: &ContainerFiles<'_>,
+        jobdir: JobDir,
+        sandbox: &str,
+        warm_argv: Option<&[String]>,
+    ) -> (Leftovers, Result<Started, DockerError>) {
+        let name = spec::container_name(sandbox);
+        let guard = ContainerGuard::new(&self.config.socket, &name);
+        let mut created_id = None;
+        let started = self
+            .create_and_start(
+                job,
+                ready,
+                files,
+                &jobdir.work(),
+                sandbox,
+                warm_argv,
+                &mut created_id,
+            )
+            .await;
+        let leftovers = Leftovers {
+            docker: ready.docker.clone(),
+            tcp: ready.tcp.clone(),
+            guard,
+            created_id,
+            name,
+            jobdir,
+        };
+        (leftovers, started)
+    }
+
+    /// [`DockerBackend::start_container`]'s steps; `created_id` receives the container's
+    /// id as soon as it exists, for the removal.
+    #[allow(clippy::too_many_arguments)]
+    async fn create_and_start(
+        &self,
+        job: &JobSpec,
+        ready: &Ready,
+        files: &ContainerFiles<'_>,
+        workdir: &std::path::Path,
         sandbox: &str,
         warm_argv: Option<&[String]>,
         created_id: &mut Option<String>,
@@ -503,7 +523,7 @@ impl DockerBackend {
             &ContainerPlan {
                 flavor: self.config.flavor,
                 image_id: &files.image.id,
-                workdir: files.workdir,
+                workdir,
                 out_dir: files.out.map(OutMount::path),
                 runtime: self.config.runtime.as_deref(),
                 boot_id: &self.boot_id,
@@ -777,11 +797,10 @@ pub(crate) fn engine(
     }
 }
 
-/// The host files a container is made of: its image, the directory bound at `/work`, the
-/// empty file that hides devices, and `/out` when enabled.
+/// What a container is made of besides its job directory: its image, the empty file that
+/// hides devices, and `/out` when enabled.
 pub(crate) struct ContainerFiles<'a> {
     pub(crate) image: &'a CheckedImage,
-    pub(crate) workdir: &'a std::path::Path,
     pub(crate) empty_file: &'a std::path::Path,
     pub(crate) out: Option<&'a OutMount>,
 }

@@ -36,7 +36,6 @@ use crate::Flavor;
 use crate::backend::{
     AbortOnDrop, ContainerFiles, DockerBackend, JOB_IDS, Leftovers, Started, next,
 };
-use crate::cleanup::ContainerGuard;
 use crate::error::DockerError;
 use crate::image::CheckedImage;
 use crate::spec;
@@ -125,32 +124,21 @@ impl WarmContainers {
         let jobdir = JobDir::create_empty(backend.runtime_dir(), &sandbox, &JOB_IDS)
             .map_err(DockerError::JobDir)?;
         let empty_file = backend.create_empty_file(&sandbox)?;
-        let name = spec::container_name(&sandbox);
-        let guard = ContainerGuard::new(&backend.config().socket, &name);
-        let mut created_id = None;
-        let started = backend
+        let files = ContainerFiles {
+            image: &image,
+            empty_file: &empty_file,
+            out: None,
+        };
+        let (leftovers, started) = backend
             .start_container(
                 &self.template,
                 ready,
-                &ContainerFiles {
-                    image: &image,
-                    workdir: &jobdir.work(),
-                    empty_file: &empty_file,
-                    out: None,
-                },
+                &files,
+                jobdir,
                 &sandbox,
                 Some(&self.argv),
-                &mut created_id,
             )
             .await;
-        let leftovers = Leftovers {
-            docker: ready.docker.clone(),
-            tcp: ready.tcp.clone(),
-            guard,
-            created_id,
-            name,
-            jobdir,
-        };
         let started = match started {
             Ok(started) if started.pid.is_some() => started,
             Ok(_) => {
@@ -258,7 +246,7 @@ impl WarmContainers {
     fn stdin_mode(&self, job: &JobSpec) -> WarmStdin {
         match (self.backend.config().flavor, &job.stdin) {
             (_, Some(_)) | (Flavor::Gvisor, None) => WarmStdin::Keep,
-            (Flavor::Docker | Flavor::Podman, None) => WarmStdin::DevNull,
+            (Flavor::Docker | Flavor::Podman, None) => WarmStdin::DevNullReadWrite,
         }
     }
 

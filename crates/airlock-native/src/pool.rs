@@ -162,8 +162,13 @@ impl NativeWarm {
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
             return Err(e.into());
         }
-        // The sandbox's own stdin pipe carries the job's input, as in a fresh sandbox.
-        let message = python::control_message(&self.template, job, WarmStdin::Keep);
+        // The sandbox's own stdin pipe carries the job's input, as in a fresh sandbox; a
+        // fresh sandbox without input has /dev/null there, read-only.
+        let stdin = match job.stdin {
+            Some(_) => WarmStdin::Keep,
+            None => WarmStdin::DevNullReadOnly,
+        };
+        let message = python::control_message(&self.template, job, stdin);
         let setup = delivered_at.elapsed();
         let supervised = backend
             .finish(job, launched, tap, None, Some(message))

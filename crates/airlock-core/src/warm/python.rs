@@ -14,8 +14,8 @@ use crate::policy::NetworkMode;
 /// NUL-separated). It reads exactly that much, so what follows on the same descriptor (a
 /// container's stdin, which carries the message) is left for the job; end-of-file before
 /// a whole message (the pool shutting down) exits 0 quietly. A descriptor other than 0 is
-/// closed; with mode `n` descriptor 0 is replaced by `/dev/null` opened read-write, which
-/// is what a container without stdin has. It then makes `__main__` look as it does for a
+/// closed; with mode `r` or `w` descriptor 0 is replaced by `/dev/null` opened read-only
+/// or read-write, which is what a fresh sandbox or container without stdin has there. It then makes `__main__` look as it does for a
 /// script (its namespace emptied but for `__builtins__`) and runs the script there. An
 /// uncaught exception is printed without the bootstrap's own frame and exits 1, as for a
 /// script; `SystemExit` passes through. Everything it names is local, so nothing of it is
@@ -33,8 +33,8 @@ pub const PYTHON_BOOTSTRAP: &str = r#"def _airlock_run():
     message = take(int(take(16), 16))
     if {CONTROL_FD} != 0:
         os.close({CONTROL_FD})
-    if message[:1] == b"n":
-        null = os.open(os.devnull, os.O_RDWR)
+    if message[:1] in (b"r", b"w"):
+        null = os.open(os.devnull, os.O_RDONLY if message[:1] == b"r" else os.O_RDWR)
         os.dup2(null, 0)
         os.close(null)
     argv = [os.fsdecode(a) for a in message[1:].split(b"\0")]
@@ -104,12 +104,15 @@ const LENGTH_DIGITS: usize = 16;
 /// What the job's descriptor 0 is once the bootstrap has its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WarmStdin {
-    /// Left as it is: the job's input follows the message on it, or it is a pipe of its
-    /// own (the native sandbox's stdin).
+    /// Left as it is: a pipe carrying the job's input (after the message, on a
+    /// container), as a fresh sandbox with input has.
     Keep,
-    /// Replaced by `/dev/null` opened read-write: the job has no input, and a fresh
-    /// container of this engine would have `/dev/null` there.
-    DevNull,
+    /// Replaced by `/dev/null` opened read-only: the job has no input, and a fresh native
+    /// sandbox has that there.
+    DevNullReadOnly,
+    /// Replaced by `/dev/null` opened read-write: the job has no input, and a fresh runc
+    /// container has that there.
+    DevNullReadWrite,
 }
 
 /// Why a template cannot be served warm.
@@ -192,7 +195,8 @@ pub fn control_message(template: &JobSpec, job: &JobSpec, stdin: WarmStdin) -> V
     let flags = template.argv.len().saturating_sub(1);
     let mut body = vec![match stdin {
         WarmStdin::Keep => b'k',
-        WarmStdin::DevNull => b'n',
+        WarmStdin::DevNullReadOnly => b'r',
+        WarmStdin::DevNullReadWrite => b'w',
     }];
     body.extend_from_slice(job.argv[flags..].join("\0").as_bytes());
     let mut message = format!("{:0width$x}", body.len(), width = LENGTH_DIGITS).into_bytes();
@@ -219,11 +223,11 @@ mod tests {
     #[test]
     fn the_message_is_framed_and_carries_the_script_and_its_arguments() {
         let template = job(&[]);
-        let message = control_message(&template, &job(&["a b", "ü"]), WarmStdin::DevNull);
+        let message = control_message(&template, &job(&["a b", "ü"]), WarmStdin::DevNullReadWrite);
         let (length, body) = message.split_at(LENGTH_DIGITS);
         let length = usize::from_str_radix(std::str::from_utf8(length).unwrap(), 16).unwrap();
         assert_eq!(length, body.len());
-        assert_eq!(body, "n/work/main.py\0a b\0ü".as_bytes());
+        assert_eq!(body, "w/work/main.py\0a b\0ü".as_bytes());
         let kept = control_message(&template, &template, WarmStdin::Keep);
         assert_eq!(&kept[LENGTH_DIGITS..], b"k/work/main.py");
     }

@@ -301,3 +301,93 @@ pub async fn wait_health(server: &Server, check: impl Fn(&Value) -> bool) -> Val
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One series of `/metrics` (0 when absent).
+pub async fn metric(server: &Server, series: &str) -> u64 {
+    let text = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Waits until the server's warm pool has `want` sandboxes ready (a gVisor container
+/// takes a second to start; the bound only catches a pool that never fills).
+pub async fn wait_ready(server: &Server, want: u64) {
+    let start = Instant::now();
+    while metric(server, "airlock_warm_pool_ready").await < want {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the warm pool never had {want} sandboxes ready:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Jobs that ran in a warm sandbox.
+pub async fn hits(server: &Server) -> u64 {
+    metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
+}
+
+/// The warm pools' equivalence probe: what a job can observe about its interpreter, its `__main__`, its descriptors and its
+/// container. Descriptor targets and mount options are kept with their inode numbers and
+/// host paths taken out (they differ between any two containers).
+pub const WARM_PROBE: &str = r#"
+import fcntl, json, os, re, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+def fds():
+    out = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            target = re.sub(r"\d+", "N", os.readlink("/proc/self/fd/" + fd))
+            out.append([fd, target, oct(fcntl.fcntl(int(fd), fcntl.F_GETFL))])
+        except OSError as e:
+            out.append([fd, e.strerror])
+    return out
+def mounts():
+    out = []
+    for line in open("/proc/self/mounts"):
+        source, point, fstype, options = line.split()[:4]
+        out.append([point, fstype, [o for o in options.split(",") if "/" not in o]])
+    # The engines order a container's tmpfs mounts and binds as they like.
+    return sorted(out)
+def cgroup_files():
+    out = {}
+    for path in ["/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/pids/pids.max",
+                 "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.shares",
+                 "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/cpu.max",
+                 "/sys/fs/cgroup/cpu.weight"]:
+        try:
+            out[path] = open(path).read().strip()
+        except OSError as e:
+            out[path] = e.strerror
+    return out
+print(json.dumps({
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
+    "doc": __doc__, "package": __package__, "spec": repr(__spec__),
+    "loader": type(__loader__).__name__, "globals": sorted(globals()),
+    "path": sys.path, "flags": repr(sys.flags), "modules": sorted(sys.modules),
+    "env": dict(os.environ), "cwd": os.getcwd(), "ids": [os.getuid(), os.getgid(), os.getgroups()],
+    "fds": fds(), "stdin": sys.stdin.read(), "umask": os.umask(0o22),
+    "caps": [status(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+    "no_new_privs": status("NoNewPrivs"), "seccomp": status("Seccomp"),
+    "filters": status("Seccomp_filters"), "pid": os.getpid(), "ppid": os.getppid(),
+    "sid": os.getsid(0), "pgrp": os.getpgrp(),
+    "procs": sorted(p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())),
+    "rlimits": [__import__("resource").getrlimit(r) for r in range(16)],
+    "hostname": os.uname().nodename, "mounts": mounts(), "cgroup": cgroup_files(),
+    "work": sorted(os.listdir(".")), "tmp": sorted(os.listdir("/tmp")),
+    "dev": sorted(os.listdir("/dev")), "data": open("data.txt").read(),
+    "writable": [os.access(p, os.W_OK) for p in ("/", "/work", "/tmp", "/dev/shm")],
+}, sort_keys=True))
+"#;

@@ -27,59 +27,6 @@ fn server(warm_pool: u64) -> Server {
     })
 }
 
-/// One series of `/metrics` (0 when absent).
-async fn metric(server: &Server, series: &str) -> u64 {
-    let text = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
-async fn wait_ready(server: &Server, want: u64) {
-    let start = Instant::now();
-    while metric(server, "airlock_warm_pool_ready").await < want {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the warm pool never had {want} sandboxes ready:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn hits(server: &Server) -> u64 {
-    metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
-}
-
-/// What a job can observe about its interpreter, its `__main__` and its sandbox.
-const PROBE: &str = r#"
-import json, os, sys
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return line.split(":", 1)[1].strip()
-print(json.dumps({
-    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
-    "doc": __doc__, "package": __package__, "spec": repr(__spec__),
-    "loader": type(__loader__).__name__, "globals": sorted(globals()),
-    "path": sys.path, "flags": repr(sys.flags), "modules": sorted(sys.modules),
-    "env": dict(os.environ), "cwd": os.getcwd(), "ids": [os.getuid(), os.getgid(), os.getgroups()],
-    "fds": sorted(os.listdir("/proc/self/fd")), "stdin": sys.stdin.read(),
-    "caps": [status(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
-    "no_new_privs": status("NoNewPrivs"), "seccomp": status("Seccomp"),
-    "filters": status("Seccomp_filters"), "pid": os.getpid(),
-    "rlimits": [__import__("resource").getrlimit(r) for r in range(16)],
-    "files": sorted(os.listdir(".")), "data": open("data.txt").read(),
-}, sort_keys=True))
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
     require_server!();
@@ -87,9 +34,9 @@ async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
     let warm = server(POOL);
     wait_ready(&warm, POOL).await;
     let cases: Vec<Value> = vec![
-        json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
+        json!({"language": "python", "code": WARM_PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
                "files": [{"path": "data.txt", "content": "data"}]}),
-        json!({"language": "python", "code": PROBE,
+        json!({"language": "python", "code": WARM_PROBE,
                "files": [{"path": "data.txt", "content": "x"}]}),
         python("def f():\n    raise ValueError('boom')\nf()\n"),
         python("x = (\n"),

@@ -112,37 +112,6 @@ fn image() -> String {
     std::env::var("AIRLOCK_TEST_IMAGE").unwrap_or_default()
 }
 
-/// One series of `/metrics` (0 when absent).
-async fn metric(server: &Server, series: &str) -> u64 {
-    let text = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
-async fn wait_ready(server: &Server, want: u64) {
-    let start = Instant::now();
-    while metric(server, "airlock_warm_pool_ready").await < want {
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "the warm pool never had {want} containers ready:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn hits(server: &Server) -> u64 {
-    metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
-}
-
 async fn discarded(server: &Server) -> u64 {
     metric(
         server,
@@ -174,36 +143,29 @@ fn warm_containers_of(server_pid: u32) -> Vec<String> {
     found
 }
 
-/// Whether the daemon has a container of that sandbox (running or not).
-fn container_exists(engine: Engine, sandbox: &str) -> bool {
-    let out = engine
-        .cli()
-        .args(["ps", "-aq", "--filter"])
-        .arg(format!("label=airlock.job={sandbox}"))
-        .output()
-        .unwrap();
+/// What the docker CLI prints on this engine's daemon for `args`.
+fn cli_output(engine: Engine, args: &[&str]) -> String {
+    let out = engine.cli().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    !out.stdout.is_empty()
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Whether the daemon has a container of that sandbox (running or not).
+fn container_exists(engine: Engine, sandbox: &str) -> bool {
+    let label = format!("label=airlock.job={sandbox}");
+    !cli_output(engine, &["ps", "-aq", "--filter", &label]).is_empty()
 }
 
 /// The host pid of a sandbox's container's first process.
 fn container_pid(engine: Engine, sandbox: &str) -> u32 {
-    let out = engine
-        .cli()
-        .args(["inspect", "-f", "{{.State.Pid}}"])
-        .arg(format!("airlock-{sandbox}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    let name = format!("airlock-{sandbox}");
+    cli_output(engine, &["inspect", "-f", "{{.State.Pid}}", &name])
+        .parse()
+        .unwrap()
 }
 
 /// The CPU share of a process's cgroup on the host: (`cpu.shares` on v1 or `cpu.weight`
@@ -239,70 +201,14 @@ fn host_cpu_share(pid: u32) -> (String, String) {
     panic!("no CPU share file in {}", dir.display());
 }
 
-/// What a job can observe about its interpreter, its `__main__`, its descriptors and its
-/// container. Descriptor targets and mount options are kept with their inode numbers and
-/// host paths taken out (they differ between any two containers).
-const PROBE: &str = r#"
-import fcntl, json, os, re, sys
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return line.split(":", 1)[1].strip()
-def fds():
-    out = []
-    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
-        try:
-            target = re.sub(r"\d+", "N", os.readlink("/proc/self/fd/" + fd))
-            out.append([fd, target, oct(fcntl.fcntl(int(fd), fcntl.F_GETFL))])
-        except OSError as e:
-            out.append([fd, e.strerror])
-    return out
-def mounts():
-    out = []
-    for line in open("/proc/self/mounts"):
-        source, point, fstype, options = line.split()[:4]
-        out.append([point, fstype, [o for o in options.split(",") if "/" not in o]])
-    # The engines order a container's tmpfs mounts and binds as they like.
-    return sorted(out)
-def cgroup_files():
-    out = {}
-    for path in ["/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/pids/pids.max",
-                 "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.shares",
-                 "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/cpu.max",
-                 "/sys/fs/cgroup/cpu.weight"]:
-        try:
-            out[path] = open(path).read().strip()
-        except OSError as e:
-            out[path] = e.strerror
-    return out
-print(json.dumps({
-    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
-    "doc": __doc__, "package": __package__, "spec": repr(__spec__),
-    "loader": type(__loader__).__name__, "globals": sorted(globals()),
-    "path": sys.path, "flags": repr(sys.flags), "modules": sorted(sys.modules),
-    "env": dict(os.environ), "cwd": os.getcwd(), "ids": [os.getuid(), os.getgid(), os.getgroups()],
-    "fds": fds(), "stdin": sys.stdin.read(), "umask": os.umask(0o22),
-    "caps": [status(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
-    "no_new_privs": status("NoNewPrivs"), "seccomp": status("Seccomp"),
-    "filters": status("Seccomp_filters"), "pid": os.getpid(), "ppid": os.getppid(),
-    "sid": os.getsid(0), "pgrp": os.getpgrp(),
-    "procs": sorted(p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())),
-    "rlimits": [__import__("resource").getrlimit(r) for r in range(16)],
-    "hostname": os.uname().nodename, "mounts": mounts(), "cgroup": cgroup_files(),
-    "work": sorted(os.listdir(".")), "tmp": sorted(os.listdir("/tmp")),
-    "dev": sorted(os.listdir("/dev")), "data": open("data.txt").read(),
-    "writable": [os.access(p, os.W_OK) for p in ("/", "/work", "/tmp", "/dev/shm")],
-}, sort_keys=True))
-"#;
-
 async fn warm_containers_see_exactly_what_fresh_ones_see(engine: Engine) {
     let cold = engine.server(0, "");
     let warm = engine.server(POOL, "");
     wait_ready(&warm, POOL).await;
     let cases: Vec<Value> = vec![
-        json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
+        json!({"language": "python", "code": WARM_PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
                "files": [{"path": "data.txt", "content": "data"}]}),
-        json!({"language": "python", "code": PROBE,
+        json!({"language": "python", "code": WARM_PROBE,
                "files": [{"path": "data.txt", "content": "x"}]}),
         json!({"language": "python", "code": "import sys\nprint(sys.stdin.read(3), sys.stdin.read())",
                "stdin": "abcdef"}),
