@@ -331,6 +331,41 @@ pub async fn wait_ready(server: &Server, want: u64) {
     }
 }
 
+/// Runs a job of 2 s on `server` and reads a CPU share with `read` while it runs, until
+/// it reads `normal` or the job ends: the last value read, and the job's observation.
+pub async fn cpu_share_during_a_job(
+    server: &Server,
+    normal: &str,
+    read: impl Fn() -> Option<String>,
+) -> (Option<String>, Value) {
+    let job = tokio::spawn({
+        let url = server.url("/v1/runs");
+        async move {
+            client()
+                .post(url)
+                .json(&python(
+                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    });
+    let start = Instant::now();
+    let mut seen = None;
+    while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
+        seen = read();
+        if seen.as_deref() == Some(normal) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (seen, job.await.unwrap())
+}
+
 /// Jobs that ran in a warm sandbox.
 pub async fn hits(server: &Server) -> u64 {
     metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await

@@ -368,38 +368,14 @@ async fn warm_sandboxes_wait_at_the_lowest_cpu_priority_and_jobs_run_at_normal()
     }
 
     // While the job runs in that sandbox, its group competes as any job's does.
-    let job = tokio::spawn({
-        let url = warm.url("/v1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&python(
-                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
-    let start = Instant::now();
-    let mut seen = None;
-    while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
-        seen = cpu_share(&dir).map(|(_, v)| v);
-        if seen.as_deref() == Some(normal) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (seen, body) =
+        cpu_share_during_a_job(&warm, normal, || cpu_share(&dir).map(|(_, v)| v)).await;
     assert_eq!(
         seen.as_deref(),
         Some(normal),
         "{file} of {} during the job",
         dir.display()
     );
-    let body = job.await.unwrap();
     assert_eq!(body["stdout"], "running\n", "{body:#}");
     assert_eq!(hits(&warm).await, 1, "{}", warm.log());
 }

@@ -299,33 +299,8 @@ async fn each_container_serves_one_job_from_its_delivery_at_normal_priority(engi
     assert_eq!(share, background, "{file} of the waiting container");
 
     // While its job runs, the container's group competes as any job's does.
-    let job = tokio::spawn({
-        let url = warm.url("/v1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&python(
-                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
-    let start = Instant::now();
-    let mut seen = None;
-    while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
-        seen = Some(host_cpu_share(pid).1);
-        if seen.as_deref() == Some(normal) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (seen, body) = cpu_share_during_a_job(&warm, normal, || Some(host_cpu_share(pid).1)).await;
     assert_eq!(seen.as_deref(), Some(normal), "{file} during the job");
-    let body = job.await.unwrap();
     assert_eq!(body["stdout"], "running\n", "{body:#}");
 
     // Waiting longer than the 3 s limit in the pool costs the next job nothing, and what
