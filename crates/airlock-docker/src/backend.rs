@@ -733,6 +733,7 @@ impl DockerBackend {
             JobOutput::new(&job.limits, tap),
         )
         .await?;
+        tracing::debug!(job_id = %job.id, "container stopped and its output drained");
         let limit_hit = supervised.limit_hit;
         let state = docker
             .inspect_container(name, None)
@@ -740,6 +741,7 @@ impl DockerBackend {
             .map_err(engine("inspect", name))?
             .state
             .unwrap_or_default();
+        tracing::debug!(job_id = %job.id, "container state read");
         let termination = match state.exit_code {
             Some(code) if code > SIGNAL_EXIT_BASE && code <= SIGNAL_EXIT_BASE + SIGNAL_MAX => {
                 Termination::Signaled((code - SIGNAL_EXIT_BASE) as i32)
