@@ -282,6 +282,8 @@ async fn warm_containers_see_exactly_what_fresh_ones_see(engine: Engine) {
     .await;
     assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
     assert_eq!(hits(&warm).await, cases.len() as u64);
+    stop(warm, engine);
+    stop(cold, engine);
 }
 
 async fn each_container_serves_one_job_from_its_delivery_at_normal_priority(engine: Engine) {
@@ -347,6 +349,7 @@ async fn each_container_serves_one_job_from_its_delivery_at_normal_priority(engi
         slow.body
     );
     assert_eq!(hits(&warm).await, 4, "{}", warm.log());
+    stop(warm, engine);
 }
 
 async fn a_dead_or_idle_container_is_replaced(engine: Engine) {
@@ -403,30 +406,38 @@ async fn a_dead_or_idle_container_is_replaced(engine: Engine) {
     let answer = post_run(&warm, None, &python("print('fresh')")).await;
     assert_eq!(answer.body["stdout"], "fresh\n", "{:#}", answer.body);
     assert_eq!(hits(&warm).await, 1, "{}", warm.log());
+    stop(warm, engine);
 }
 
-async fn shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept(engine: Engine) {
-    let mut warm = engine.server(POOL, "");
-    wait_ready(&warm, POOL).await;
-    let waiting = warm_containers_of(warm.pid());
-    assert_eq!(waiting.len(), POOL as usize, "{waiting:?}");
-    warm.terminate();
+/// Stops a server as an operator does (SIGTERM) and checks that it removed every container
+/// it kept waiting, and their directories, before it exited. (A test that let its server
+/// be killed on drop would leave them to the next airlock's sweep.)
+fn stop(mut server: Server, engine: Engine) {
+    let waiting = warm_containers_of(server.pid());
+    server.terminate();
     assert!(
-        warm.wait(Duration::from_secs(60)).success(),
+        server.wait(Duration::from_secs(60)).success(),
         "{}",
-        warm.log()
+        server.log()
     );
     for sandbox in &waiting {
         assert!(
             !container_exists(engine, sandbox),
             "{sandbox} left behind:\n{}",
-            warm.log()
+            server.log()
         );
         assert!(
             !Path::new("/run/airlock-docker").join(sandbox).exists(),
             "{sandbox}'s directory left behind"
         );
     }
+}
+
+async fn shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept(engine: Engine) {
+    let warm = engine.server(POOL, "");
+    wait_ready(&warm, POOL).await;
+    assert_eq!(warm_containers_of(warm.pid()).len(), POOL as usize);
+    stop(warm, engine);
 
     // A server killed outright leaves its containers; the next airlock to connect to the
     // daemon removes them (their job directories' locks died with it).
