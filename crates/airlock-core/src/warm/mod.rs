@@ -111,6 +111,9 @@ struct Shared<S: WarmSandboxes> {
     ready: Mutex<VecDeque<Ready<S::Warm>>>,
     wake: Notify,
     closed: AtomicBool,
+    /// Told once, at shutdown: the refill abandons the starts under way rather than wait
+    /// for them.
+    stop: Notify,
     counters: Counters,
 }
 
@@ -142,6 +145,7 @@ impl<S: WarmSandboxes> WarmPool<S> {
             ready: Mutex::new(VecDeque::with_capacity(size)),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
+            stop: Notify::new(),
             counters: Counters::default(),
         });
         let refill = tokio::spawn(refill(shared.clone()));
@@ -185,9 +189,10 @@ impl<S: WarmSandboxes> WarmPool<S> {
     pub async fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.wake.notify_one();
+        self.shared.stop.notify_one();
         // Either this or the refill task, woken, takes each ready sandbox and removes it;
-        // the task also removes the ones it was starting once they are up. Both are done
-        // when this returns.
+        // the task abandons the starts under way (each start's own guards remove what it
+        // had made) and removes those that were up. Both are done when this returns.
         let drained = drain(&self.shared);
         tracing::debug!(waiting = drained.len(), "warm pool shutting down");
         for ready in drained {
@@ -288,6 +293,7 @@ impl<S: WarmSandboxes> Drop for WarmPool<S> {
         // The refill task sees this and ends, removing what is still ready.
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.wake.notify_one();
+        self.shared.stop.notify_one();
     }
 }
 
@@ -391,7 +397,18 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
         }
         let mut failed = false;
         let mut closed = false;
-        while let Some(joined) = starts.join_next().await {
+        loop {
+            let joined = tokio::select! {
+                joined = starts.join_next() => joined,
+                () = shared.stop.notified(), if !closed => {
+                    // Shutting down: a start under way is dropped, and its guards remove
+                    // what it had made; one that was already up is removed below.
+                    closed = true;
+                    starts.abort_all();
+                    continue;
+                }
+            };
+            let Some(joined) = joined else { break };
             match joined {
                 Ok(Ok(warm)) => {
                     shared.counters.started.fetch_add(1, Ordering::Relaxed);
@@ -416,6 +433,7 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
                         "cannot start a warm sandbox");
                 }
+                Err(e) if e.is_cancelled() => {}
                 Err(e) => {
                     failed = true;
                     shared.counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -428,7 +446,10 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
             break;
         }
         if failed {
-            tokio::time::sleep(backoff).await;
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = shared.stop.notified() => break,
+            }
             backoff = (backoff * 2).min(REFILL_BACKOFF_MAX);
         } else {
             backoff = REFILL_BACKOFF_MIN;
@@ -475,12 +496,30 @@ mod tests {
         alive: Arc<AtomicBool>,
     }
 
+    /// Removes a sandbox whose start is dropped before it is up, as a backend's guards do
+    /// (a container's removal, a helper killed on drop).
+    struct StartGuard<'a> {
+        fake: &'a Fake,
+        id: Option<u64>,
+    }
+
+    impl Drop for StartGuard<'_> {
+        fn drop(&mut self) {
+            if let Some(id) = self.id.take() {
+                self.fake.remove(id);
+                self.fake.abandoned.lock().unwrap().push(id);
+            }
+        }
+    }
+
     #[derive(Default)]
     struct Fake {
         next: AtomicU64,
         /// Sandboxes started and not yet removed, and a handle to kill each.
         up: Mutex<Vec<(u64, Arc<AtomicBool>)>>,
         discarded: Mutex<Vec<u64>>,
+        /// Sandboxes whose start was dropped (and removed by its guard).
+        abandoned: Mutex<Vec<u64>>,
         /// The sandbox each delivered job got.
         delivered: Mutex<Vec<u64>>,
         fresh: AtomicU64,
@@ -551,7 +590,12 @@ mod tests {
                 let id = self.next.fetch_add(1, Ordering::SeqCst);
                 let alive = Arc::new(AtomicBool::new(true));
                 self.up.lock().unwrap().push((id, alive.clone()));
+                let mut guard = StartGuard {
+                    fake: self,
+                    id: Some(id),
+                };
                 tokio::time::sleep(self.start_delay).await;
+                guard.id = None;
                 Ok(FakeWarm {
                     id,
                     name: format!("warm-{id}"),
@@ -703,8 +747,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shutdown_removes_the_waiting_sandboxes_and_those_still_starting() {
         for wait_for_ready in [false, true] {
+            // Starts that never end unless abandoned: a shutdown that waited for them would
+            // never return.
             let fake = Arc::new(Fake {
-                start_delay: Duration::from_millis(50),
+                start_delay: if wait_for_ready {
+                    Duration::from_millis(50)
+                } else {
+                    Duration::from_secs(3600)
+                },
                 ..Fake::default()
             });
             let pool = WarmPool::start(fake.clone(), 3, Duration::from_secs(600));
@@ -714,13 +764,18 @@ mod tests {
                 until("three starting", || fake.up().len() == 3).await;
             }
             pool.shutdown().await;
-            // Whatever had started, the refill's or the shutdown's removal took it, before
-            // shutdown returned.
+            // Whatever had started, the refill's or the shutdown's removal took it, or the
+            // abandoned start's guard, before shutdown returned.
             assert_eq!(fake.up(), BTreeSet::new(), "ready first: {wait_for_ready}");
-            assert_eq!(
-                fake.discarded.lock().unwrap().len() as u64,
-                fake.next.load(Ordering::SeqCst)
-            );
+            let removed =
+                fake.discarded.lock().unwrap().len() + fake.abandoned.lock().unwrap().len();
+            assert_eq!(removed as u64, fake.next.load(Ordering::SeqCst));
+            if !wait_for_ready {
+                assert!(
+                    !fake.abandoned.lock().unwrap().is_empty(),
+                    "the starts under way were waited for, not abandoned"
+                );
+            }
             assert_eq!(pool.ready(), 0);
         }
     }
