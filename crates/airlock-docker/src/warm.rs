@@ -296,6 +296,12 @@ impl WarmSandboxes for WarmContainers {
         Box::pin(self.start_one())
     }
 
+    fn starts_cancel_safe(&self) -> bool {
+        // A create request the daemon is still working on when its future is dropped can
+        // make the container after the guard removed nothing: the start is waited for.
+        false
+    }
+
     fn name(warm: &WaitingContainer) -> &str {
         &warm.sandbox
     }

@@ -204,6 +204,11 @@ impl WarmSandboxes for NativeWarm {
         Box::pin(self.launch_warm())
     }
 
+    fn starts_cancel_safe(&self) -> bool {
+        // The helper is killed on drop, and the cgroup and the job directory removed.
+        true
+    }
+
     fn name(warm: &WaitingSandbox) -> &str {
         &warm.name
     }

@@ -56,6 +56,13 @@ pub trait WarmSandboxes: Send + Sync + 'static {
     /// Starts one sandbox, at the lowest CPU priority the backend offers.
     fn start(&self) -> BoxFuture<'_, Result<Self::Warm, Self::Error>>;
 
+    /// Whether a start may be dropped part-way, at shutdown: true when dropping its future
+    /// removes all it had made (the native backend's guards kill and remove synchronously);
+    /// false when a request to a daemon could still complete after the drop (a container
+    /// created just after its guard looked for it), so shutdown waits for the starts under
+    /// way and removes what they made.
+    fn starts_cancel_safe(&self) -> bool;
+
     /// The sandbox's name, for the log.
     fn name(warm: &Self::Warm) -> &str;
 
@@ -401,10 +408,13 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
             let joined = tokio::select! {
                 joined = starts.join_next() => joined,
                 () = shared.stop.notified(), if !closed => {
-                    // Shutting down: a start under way is dropped, and its guards remove
-                    // what it had made; one that was already up is removed below.
+                    // Shutting down: a start under way is dropped where the backend's
+                    // guards then remove what it had made, else waited for; what comes up
+                    // is removed below.
                     closed = true;
-                    starts.abort_all();
+                    if shared.sandboxes.starts_cancel_safe() {
+                        starts.abort_all();
+                    }
                     continue;
                 }
             };
@@ -526,6 +536,8 @@ mod tests {
         raise_fails: AtomicBool,
         /// How long a start takes.
         start_delay: Duration,
+        /// Whether a start may be dropped part-way (its guard removes it).
+        cancel_safe: bool,
     }
 
     impl Fake {
@@ -602,6 +614,10 @@ mod tests {
                     alive,
                 })
             })
+        }
+
+        fn starts_cancel_safe(&self) -> bool {
+            self.cancel_safe
         }
 
         fn name(warm: &FakeWarm) -> &str {
@@ -746,15 +762,16 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shutdown_removes_the_waiting_sandboxes_and_those_still_starting() {
-        for wait_for_ready in [false, true] {
-            // Starts that never end unless abandoned: a shutdown that waited for them would
-            // never return.
+        for (wait_for_ready, cancel_safe) in [(false, true), (false, false), (true, true)] {
+            // Cancel-safe starts that never end unless abandoned: a shutdown that waited
+            // for them would never return. The others end, and are waited for.
             let fake = Arc::new(Fake {
-                start_delay: if wait_for_ready {
-                    Duration::from_millis(50)
-                } else {
+                start_delay: if cancel_safe && !wait_for_ready {
                     Duration::from_secs(3600)
+                } else {
+                    Duration::from_millis(50)
                 },
+                cancel_safe,
                 ..Fake::default()
             });
             let pool = WarmPool::start(fake.clone(), 3, Duration::from_secs(600));
@@ -770,11 +787,12 @@ mod tests {
             let removed =
                 fake.discarded.lock().unwrap().len() + fake.abandoned.lock().unwrap().len();
             assert_eq!(removed as u64, fake.next.load(Ordering::SeqCst));
-            if !wait_for_ready {
-                assert!(
-                    !fake.abandoned.lock().unwrap().is_empty(),
-                    "the starts under way were waited for, not abandoned"
-                );
+            let abandoned = fake.abandoned.lock().unwrap().len();
+            if cancel_safe && !wait_for_ready {
+                assert!(abandoned > 0, "the starts under way were waited for");
+            }
+            if !cancel_safe {
+                assert_eq!(abandoned, 0, "a start that is not cancel-safe was dropped");
             }
             assert_eq!(pool.ready(), 0);
         }
