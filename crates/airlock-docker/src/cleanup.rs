@@ -44,7 +44,7 @@ pub async fn remove(docker: &Docker, name: &str) -> Result<(), DockerError> {
 }
 
 /// How many times [`remove`] asks the daemon before it gives up.
-pub const REMOVE_ATTEMPTS: u32 = 3;
+pub const REMOVE_ATTEMPTS: u32 = 5;
 /// The pause between two attempts of [`remove`].
 pub const REMOVE_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
