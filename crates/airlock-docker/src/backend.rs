@@ -143,11 +143,12 @@ impl DockerBackend {
             });
         }
         let runtime_dir = RuntimeDir::open(&config.runtime_dir).map_err(DockerError::JobDir)?;
-        let profile = crate::seccomp::docker_profile(
-            crate::seccomp::POLICY_JSON,
-            config.flavor == Flavor::Gvisor,
-        )
-        .map_err(DockerError::Seccomp)?;
+        let runtime = match config.flavor {
+            Flavor::Gvisor => crate::seccomp::OciRuntime::Gvisor,
+            Flavor::Docker | Flavor::Podman => crate::seccomp::OciRuntime::Runc,
+        };
+        let profile = crate::seccomp::docker_profile(crate::seccomp::POLICY_JSON, runtime)
+            .map_err(DockerError::Seccomp)?;
         // Docker takes the profile's JSON in the request; Podman's compatible API takes a
         // path on the daemon's host (which is this host: the socket is local).
         let seccomp_profile = match config.flavor {
