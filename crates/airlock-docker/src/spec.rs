@@ -133,7 +133,7 @@ pub const PROXY_GATE: &[&str] = &[
 /// The job's environment, with the proxy variables in proxy mode.
 pub fn job_env(job: &JobSpec, proxy_port: Option<u16>) -> Vec<(String, String)> {
     match proxy_port {
-        Some(port) => airlock_core::job::with_proxy_env(&job.env, port),
+        Some(port) => airlock_core::job::proxy_env(&job.env, port, &job.network_policy),
         None => job.env.clone(),
     }
 }

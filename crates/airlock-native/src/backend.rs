@@ -52,7 +52,9 @@ pub const CORE_RLIMIT_BYTES: u64 = 1;
 /// The job's environment: its own, plus in proxy mode where the proxy is.
 fn job_env(job: &JobSpec) -> Vec<(String, String)> {
     match job.network {
-        NetworkMode::Proxy => airlock_core::job::with_proxy_env(&job.env, PROXY_PORT),
+        NetworkMode::Proxy => {
+            airlock_core::job::proxy_env(&job.env, PROXY_PORT, &job.network_policy)
+        }
         NetworkMode::None => job.env.clone(),
     }
 }

@@ -45,26 +45,37 @@
 //! `limits.connections`.
 #![forbid(unsafe_code)]
 
+mod ca;
 mod config;
+mod decode;
 mod dial;
 mod error;
 mod forward;
 mod host;
+mod intercept;
 mod meter;
+mod packages;
 mod ranges;
 mod record;
 mod scrub;
 mod secrets;
 mod server;
 mod state;
+mod trust;
 mod tunnel;
 
-pub use config::{ConnectGate, ProxyConfig, ResolveFn, Resolver, Secret, SecretValue};
+pub use ca::{CaError, LEAVES_MAX, VALIDITY_DAYS};
+pub use config::{
+    ConnectGate, PackageIndex, ProxyConfig, ResolveFn, Resolver, Secret, SecretValue,
+};
+pub use decode::{DECODED_BODY_MAX_BYTES, INPUT_STEP_BYTES};
 pub use error::ProxyError;
 pub use host::{DEFAULT_PORTS, HostError, HostRule, TargetHost};
 pub use ranges::{
     AllowedRanges, BLOCKED_V4, BLOCKED_V6, BlockReason, BlockedRange, GLOBAL_UNICAST_V6,
     blocked_reason, canonical_ip,
 };
-pub use record::{ConnectionRecord, LimitKind, ProxySummary, Verdict};
+pub use record::{ConnectionRecord, LimitKind, ProxySummary, RECORD_PATH_MAX_BYTES, Verdict};
 pub use server::{MAX_REQUEST_HEAD_BYTES, ProxyHandle, spawn};
+pub use state::FILE_HOSTS_MAX;
+pub use trust::EXTRA_ROOTS_MAX_PER_FILE;

@@ -432,7 +432,8 @@ impl<B> GuardedBody<B> {
 
 impl<B> Body for GuardedBody<B>
 where
-    B: Body<Data = Bytes, Error = hyper::Error> + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<RequestBodyError>,
 {
     type Data = Bytes;
     type Error = RequestBodyError;
@@ -498,6 +499,8 @@ mod tests {
             value: SecretValue::new(value.to_owned()),
             hosts: Vec::new(),
             value_env: "V".to_owned(),
+            env: "E".to_owned(),
+            substitute: Vec::new(),
         }
     }
 

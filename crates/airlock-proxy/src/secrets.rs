@@ -1,19 +1,153 @@
-//! Placeholder substitution on plain-HTTP requests.
+//! Placeholder substitution, on plain-HTTP requests and on HTTPS requests the proxy
+//! intercepts ([`crate::intercept`]).
 //!
-//! Where: header values, and the query string of the request target (where the value is
-//! percent-encoded). Not in the path, not in bodies, not in header names. Only the
-//! secrets whose hosts admit the request's `host:port` apply; toward any other host the
-//! placeholder passes through as the job wrote it.
+//! Where: the places each secret's `substitute` names, header values unless it names more:
+//! header values; the query string of the request target (where the value is
+//! percent-encoded); the request body, as it streams ([`SubstitutedBody`]). Never the
+//! path, never header names. Only the secrets whose hosts admit the request's `host:port`
+//! apply; toward any other host the placeholder passes through as the job wrote it (and
+//! the record lists it, [`unbound_placeholders`]).
 //!
-//! CONNECT tunnels are opaque: the proxy cannot see inside TLS, so a placeholder sent over
-//! HTTPS reaches the server as the placeholder. Substituting there would need the proxy to
-//! terminate TLS with a per-job CA that the job trusts (and to verify the real server's
-//! certificate itself); that is not built.
+//! A tunnel the proxy does not intercept is opaque: a placeholder sent through it reaches
+//! the server as the placeholder, unseen.
 //!
 //! What keeps the real value from coming back in responses, or going out toward other
 //! hosts, is in [`crate::scrub`].
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+
 use crate::config::Secret;
+
+/// The job-side names of the secrets among `foreign` (secrets not for this request's
+/// host) whose placeholder appears in `texts` (the request target, header values).
+pub(crate) fn unbound_placeholders<'a>(
+    foreign: &[&Secret],
+    texts: impl Iterator<Item = &'a [u8]> + Clone,
+) -> Vec<String> {
+    foreign
+        .iter()
+        .filter(|secret| {
+            let needle = secret.placeholder.as_bytes();
+            texts
+                .clone()
+                .any(|text| text.windows(needle.len()).any(|w| w == needle))
+        })
+        .map(|secret| secret.env.clone())
+        .collect()
+}
+
+/// A request body with every placeholder of its secrets replaced by the real value, as it
+/// streams. The last `longest placeholder - 1` bytes are held back until more arrives (or
+/// the body ends), so a placeholder split across reads is still replaced.
+pub(crate) struct SubstitutedBody<B> {
+    inner: B,
+    /// (placeholder, value) pairs.
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    hold: usize,
+    carry: Vec<u8>,
+    ended: bool,
+}
+
+impl<B> SubstitutedBody<B> {
+    pub(crate) fn new(inner: B, secrets: &[&Secret]) -> Self {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = secrets
+            .iter()
+            .filter(|s| !s.placeholder.is_empty())
+            .map(|s| {
+                (
+                    s.placeholder.as_bytes().to_vec(),
+                    s.value.expose().as_bytes().to_vec(),
+                )
+            })
+            .collect();
+        let hold = pairs
+            .iter()
+            .map(|(p, _)| p.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        Self {
+            inner,
+            pairs,
+            hold,
+            carry: Vec::new(),
+            ended: false,
+        }
+    }
+
+    /// Replaces the placeholders starting before `limit` in the carry; returns what can go.
+    fn drain_until(&mut self, limit: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(limit.min(self.carry.len()));
+        let mut i = 0;
+        'scan: while i < limit.min(self.carry.len()) {
+            for (placeholder, value) in &self.pairs {
+                if self.carry[i..].starts_with(placeholder) {
+                    out.extend_from_slice(value);
+                    i += placeholder.len();
+                    continue 'scan;
+                }
+            }
+            out.push(self.carry[i]);
+            i += 1;
+        }
+        self.carry.drain(..i.min(self.carry.len()));
+        out
+    }
+}
+
+impl<B> Body for SubstitutedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    this.carry.extend_from_slice(&data);
+                    let limit = this.carry.len().saturating_sub(this.hold);
+                    let out = this.drain_until(limit);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    }
+                }
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    let out = this.drain_until(usize::MAX);
+                    if out.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
 
 /// Replaces every placeholder of `secrets` in `input`; `None` when nothing changed.
 pub(crate) fn substitute_bytes(input: &[u8], secrets: &[&Secret]) -> Option<Vec<u8>> {
@@ -93,6 +227,8 @@ mod tests {
             value: SecretValue::new(value.to_owned()),
             hosts: Vec::new(),
             value_env: "V".to_owned(),
+            env: "E".to_owned(),
+            substitute: Vec::new(),
         }
     }
 
@@ -115,6 +251,44 @@ mod tests {
             Some("/PLACEHOLDER/x?key=a%20b%26c%3Dd&y=1")
         );
         assert_eq!(substitute_query("/PLACEHOLDER", &[&s]), None);
+    }
+
+    #[tokio::test]
+    async fn a_body_gets_every_placeholder_across_any_split() {
+        use http_body_util::{BodyExt, StreamBody};
+        let s = secret("PLACEHOLDER", "the-real-value");
+        let body = b"a=PLACEHOLDER&b=PLACEHOLDER&c=PLACEHOLDE";
+        for split in 0..=body.len() {
+            let frames = vec![
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::copy_from_slice(
+                    &body[..split],
+                ))),
+                Ok(Frame::data(Bytes::copy_from_slice(&body[split..]))),
+            ];
+            let inner = StreamBody::new(futures_util::stream::iter(frames));
+            let out = SubstitutedBody::new(inner, &[&s])
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes();
+            assert_eq!(
+                &out[..],
+                b"a=the-real-value&b=the-real-value&c=PLACEHOLDE",
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn placeholders_toward_other_hosts_are_named() {
+        let a = secret("PLACEHOLDER-A", "1");
+        let mut b = secret("PLACEHOLDER-B", "2");
+        b.env = "B_TOKEN".to_owned();
+        let texts: [&[u8]; 2] = [b"/path?x=1", b"Bearer PLACEHOLDER-B"];
+        assert_eq!(
+            unbound_placeholders(&[&a, &b], texts.iter().copied()),
+            vec!["B_TOKEN".to_owned()]
+        );
     }
 
     #[test]
