@@ -613,6 +613,57 @@ fn resolve_network(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proxy_env_names_the_ca_bundle_and_the_package_index_only_when_needed() {
+        let env = vec![("SSL_CERT_FILE".to_owned(), "/mine.pem".to_owned())];
+        let mut network = policy::NetworkPolicy {
+            mode: NetworkMode::Proxy,
+            ..policy::NetworkPolicy::default()
+        };
+        let plain = proxy_env(&env, 3128, &network);
+        let get = |env: &[(String, String)], name: &str| {
+            env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            get(&plain, "HTTPS_PROXY").as_deref(),
+            Some("http://127.0.0.1:3128")
+        );
+        assert_eq!(get(&plain, "NODE_USE_ENV_PROXY").as_deref(), Some("1"));
+        // Nothing intercepted: the job's own choice stays.
+        assert_eq!(get(&plain, "SSL_CERT_FILE").as_deref(), Some("/mine.pem"));
+        assert_eq!(get(&plain, "PIP_INDEX_URL"), None);
+        network.packages.index = Some("https://pypi.org/simple".to_owned());
+        network.packages.npm_registry = Some("https://registry.npmjs.org".to_owned());
+        let intercepting = proxy_env(&env, 3128, &network);
+        for name in TRUST_BUNDLE_ENV {
+            assert_eq!(
+                get(&intercepting, name).as_deref(),
+                Some(TRUST_BUNDLE_PATH),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            get(&intercepting, "PIP_INDEX_URL").as_deref(),
+            Some("https://pypi.org/simple")
+        );
+        assert_eq!(
+            get(&intercepting, "PIP_REQUIRE_HASHES").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(&intercepting, "npm_config_registry").as_deref(),
+            Some("https://registry.npmjs.org")
+        );
+        network.packages.require_hashes = false;
+        assert_eq!(
+            get(&proxy_env(&env, 3128, &network), "PIP_REQUIRE_HASHES"),
+            None
+        );
+        let mut sorted = intercepting.clone();
+        sorted.sort();
+        assert_eq!(sorted, intercepting);
+    }
     use crate::error::ErrorKind;
     use pretty_assertions::assert_eq;
 

@@ -53,18 +53,36 @@ pub(crate) type UpstreamBody = BoxBody<Bytes, RequestBodyError>;
 /// HTTP/2.
 pub(crate) enum UpstreamSender {
     /// HTTP/1.1: the next request waits until the previous answer has been read.
-    Http1(tokio::sync::Mutex<http1::SendRequest<UpstreamBody>>),
+    Http1(tokio::sync::Mutex<Http1Sender>),
     /// HTTP/2: requests share the connection.
     Http2(http2::SendRequest<UpstreamBody>),
 }
 
+/// An HTTP/1.1 connection's sender, and whether it has carried a request.
+pub(crate) struct Http1Sender {
+    sender: http1::SendRequest<UpstreamBody>,
+    used: bool,
+}
+
 impl UpstreamSender {
+    pub(crate) fn http1(sender: http1::SendRequest<UpstreamBody>) -> Self {
+        UpstreamSender::Http1(tokio::sync::Mutex::new(Http1Sender {
+            sender,
+            used: false,
+        }))
+    }
+
     async fn send(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>, hyper::Error> {
         match self {
             UpstreamSender::Http1(sender) => {
                 let mut sender = sender.lock().await;
-                sender.ready().await?;
-                sender.send_request(req).await
+                // A fresh connection takes its first request at once; a later one waits
+                // until the previous answer has been read.
+                if sender.used {
+                    sender.sender.ready().await?;
+                }
+                sender.used = true;
+                sender.sender.send_request(req).await
             }
             UpstreamSender::Http2(sender) => {
                 let mut sender = sender.clone();
@@ -182,7 +200,7 @@ pub(crate) async fn send(
             () = shared.stopped() => {}
         }
     });
-    let sender = UpstreamSender::Http1(tokio::sync::Mutex::new(sender));
+    let sender = UpstreamSender::http1(sender);
     exchange(req, target, &sender, ctx, inflight, refused, Scheme::Http).await
 }
 

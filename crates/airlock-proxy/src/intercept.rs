@@ -311,7 +311,7 @@ impl Tunnel {
                 .await
                 .map_err(|e| format!("HTTP/1.1 with the upstream: {e}"))?;
             drive(Box::pin(conn));
-            Ok(UpstreamSender::Http1(tokio::sync::Mutex::new(sender)))
+            Ok(UpstreamSender::http1(sender))
         }
     }
 }

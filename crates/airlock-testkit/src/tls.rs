@@ -14,6 +14,10 @@
 //!
 //! Each server runs on a thread of its own with its own runtime, so synchronous tests can
 //! use it as well as async ones; dropping it stops it.
+//!
+//! Test scaffolding only: a setup step that fails (a key, a bind) panics, which fails the
+//! test that asked for it.
+#![allow(clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
