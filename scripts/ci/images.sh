@@ -115,13 +115,14 @@ done
 cat >"$work/python.toml" <<EOF
 name = "$image_name"
 base = "debian:bookworm"
-packages = ["python3", "curl"]
+packages = ["python3", "curl", "ca-certificates", "python3-requests", "python3-pip", "nodejs"]
 [python]
 wheelhouse = "$wheels"
 requirements = "$work/requirements.txt"
 [image]
 # What the conformance suite wants hidden in a container's image (as scripts/ci/docker.sh
-# trims its test image); python3 with its standard library and curl, for its proxy tests.
+# trims its test image); python3 with its standard library and curl, for its proxy tests;
+# requests, pip and node for its TLS interception tests (suite::tls).
 remove = ["var", "run", "root", "home", "srv", "opt", "mnt", "media", "boot"]
 EOF
 lap wheelhouse
