@@ -1,7 +1,7 @@
 //! Keeping a secret's real value from coming back to the job, or going anywhere else.
 //!
-//! The proxy puts a secret's real value into plain-HTTP requests toward its own hosts
-//! ([`crate::secrets`]). An upstream that echoes what it received (a debugging endpoint, an
+//! The proxy puts a secret's real value into requests toward its own hosts, plain HTTP or
+//! intercepted HTTPS ([`crate::secrets`]). An upstream that echoes what it received (a debugging endpoint, an
 //! error page quoting the `Authorization` header) would hand the value to the job, which
 //! could then send it, encoded past output redaction, to any other allowlisted host. So:
 //!
@@ -19,8 +19,8 @@
 //! character at each edge that mixes the value with its neighbours stays, a few bits). Any
 //! other transformation (base32, line-wrapped MIME base64, compression inside the body,
 //! part of the value) passes: the scrubber is a filter for the ways a server echoes
-//! a value, not a proof that none of it can leak. CONNECT tunnels are not inspected at
-//! all (see docs/proxy.md).
+//! a value, not a proof that none of it can leak. A CONNECT tunnel the proxy does not
+//! intercept is not inspected at all (see docs/proxy.md).
 
 use std::pin::Pin;
 use std::sync::Arc;
