@@ -609,6 +609,67 @@ mod tests {
     }
 
     #[test]
+    fn the_jobs_ca_bundle_is_bound_read_only_over_the_roots_after_etc() {
+        for layout in [merged_usr_host(), minimal_root()] {
+            let mut mounts = job();
+            mounts.trust_bundle = Some(PathBuf::from("/run/airlock/JOB/trust-bundle.pem"));
+            let plan = build_mount_plan(&layout, &mounts);
+            let at = |wanted: &dyn Fn(&MountStep) -> bool| plan.iter().position(wanted);
+            let bundle = at(&|s| {
+                matches!(s, MountStep::Bind { target, source, options, optional: false }
+                    if target == "etc/ssl/certs/ca-certificates.crt"
+                        && source == Path::new("/run/airlock/JOB/trust-bundle.pem")
+                        && *options == MountOptions::RO_NOEXEC)
+            })
+            .expect("the bundle's bind");
+            // After whatever shows /etc (the overlay, or the synthesized /etc's certificate
+            // directory), so nothing covers it.
+            let etc = plan
+                .iter()
+                .rposition(|s| match s {
+                    MountStep::Overlay { target, .. } => target == "etc",
+                    MountStep::Bind { target, .. } => {
+                        target.starts_with("etc/") && target != "etc/ssl/certs/ca-certificates.crt"
+                    }
+                    _ => false,
+                })
+                .expect("a step that shows /etc");
+            assert!(bundle > etc, "{plan:#?}");
+        }
+        assert!(!build_mount_plan(&merged_usr_host(), &job()).iter().any(
+            |s| matches!(s, MountStep::Bind { target, .. } if target.contains("ca-certificates"))
+        ));
+    }
+
+    #[test]
+    fn the_bundle_target_must_be_a_file_reached_through_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("usr")).unwrap();
+        std::fs::create_dir_all(root.join("etc/ssl/certs")).unwrap();
+        let probe = || RootfsLayout::probe_dir(&root).unwrap();
+        let err = probe().check_trust_bundle_target().unwrap_err();
+        assert!(err.contains("install ca-certificates"), "{err}");
+        std::fs::write(root.join("etc/ssl/certs/ca-certificates.crt"), "x").unwrap();
+        probe().check_trust_bundle_target().unwrap();
+        // A link on the way could carry the bind somewhere else.
+        std::fs::rename(root.join("etc/ssl"), root.join("etc/real-ssl")).unwrap();
+        std::os::unix::fs::symlink("real-ssl", root.join("etc/ssl")).unwrap();
+        let err = probe().check_trust_bundle_target().unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        // The synthesized /etc shows the host's certificate directory only when it is
+        // among the extras.
+        let mut host = merged_usr_host();
+        host.root = dir.path().join("host");
+        std::fs::create_dir_all(host.root.join("etc/ssl/certs")).unwrap();
+        std::fs::write(host.root.join("etc/ssl/certs/ca-certificates.crt"), "x").unwrap();
+        host.etc_extras = vec!["etc/ssl/certs".to_owned()];
+        host.check_trust_bundle_target().unwrap();
+        host.etc_extras.clear();
+        assert!(host.check_trust_bundle_target().is_err());
+    }
+
+    #[test]
     fn host_profile_plan_snapshot() {
         insta::assert_snapshot!(render_plan(&build_mount_plan(&merged_usr_host(), &job())));
     }
