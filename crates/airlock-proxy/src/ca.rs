@@ -139,43 +139,21 @@ fn set_validity(params: &mut CertificateParams) {
     let today = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs() / 86_400).unwrap_or(0));
-    let (year, month, day) = civil_date(today - 1);
-    params.not_before = rcgen::date_time_ymd(year, month, day);
-    let (year, month, day) = civil_date(today + VALIDITY_DAYS);
-    params.not_after = rcgen::date_time_ymd(year, month, day);
-}
-
-/// The proleptic Gregorian date of a day counted from 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_date(days: i64) -> (i32, u8, u8) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (
-        i32::try_from(year).unwrap_or(i32::MAX),
-        u8::try_from(month).unwrap_or(1),
-        u8::try_from(day).unwrap_or(1),
-    )
+    let date = |days: i64| {
+        let (year, month, day) = airlock_core::audit::civil_from_days(days);
+        rcgen::date_time_ymd(
+            i32::try_from(year).unwrap_or(i32::MAX),
+            u8::try_from(month).unwrap_or(1),
+            u8::try_from(day).unwrap_or(1),
+        )
+    };
+    params.not_before = date(today - 1);
+    params.not_after = date(today + VALIDITY_DAYS);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil_date(0), (1970, 1, 1));
-        assert_eq!(civil_date(59), (1970, 3, 1));
-        assert_eq!(civil_date(11_016), (2000, 2, 29));
-        assert_eq!(civil_date(20_454), (2026, 1, 1));
-        assert_eq!(civil_date(-1), (1969, 12, 31));
-    }
 
     #[test]
     fn leaves_are_made_once_per_host_and_chain_to_the_ca() {

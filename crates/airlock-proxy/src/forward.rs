@@ -35,8 +35,8 @@ use crate::decode::{DecodedBody, response_coding};
 use crate::meter::Metered;
 use crate::packages::LinkScanner;
 use crate::record::LimitKind;
-use crate::scrub::{FOREIGN_SECRET_REASON, GuardedBody, RequestBodyError, ScrubbedBody, Scrubber};
-use crate::secrets::{SubstitutedBody, substitute_bytes, substitute_query, unbound_placeholders};
+use crate::scrub::{FOREIGN_SECRET_REASON, GuardedBody, RequestBodyError, Scrubber};
+use crate::secrets::{substitute_bytes, substitute_query, substituted, unbound_placeholders};
 use crate::server::{ClientCtx, ProxyBody, Target, fail, text_response};
 use crate::state::InFlight;
 
@@ -276,7 +276,7 @@ pub(crate) async fn exchange(
                 if in_body.is_empty() {
                     guarded
                 } else {
-                    SubstitutedBody::new(guarded, &in_body).boxed()
+                    substituted(guarded, &in_body).boxed()
                 }
             })
         }
@@ -349,7 +349,7 @@ pub(crate) async fn exchange(
         }
         // The length changes with each replacement; hyper frames the body as chunked.
         parts.headers.remove(header::CONTENT_LENGTH);
-        body = ScrubbedBody::new(body, scrubber, inflight.clone()).boxed();
+        body = crate::scrub::scrubbed(body, scrubber, inflight.clone()).boxed();
     }
     Response::from_parts(parts, RecordedBody::new(body, inflight).boxed())
 }

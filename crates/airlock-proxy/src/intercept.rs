@@ -44,8 +44,9 @@ use crate::forward::{
 use crate::host::TargetHost;
 use crate::meter::Metered;
 use crate::record::{LimitKind, Verdict};
-use crate::scrub::FOREIGN_SECRET_REASON;
-use crate::server::{ClientCtx, MAX_REQUEST_HEAD_BYTES, ProxyBody, Target, deny, empty, fail};
+use crate::server::{
+    ClientCtx, MAX_REQUEST_HEAD_BYTES, ProxyBody, Target, deny, empty, fail, refuse_foreign_secret,
+};
 use crate::state::InFlight;
 
 /// The protocols an intercepted connection may speak, as ALPN names them.
@@ -356,17 +357,8 @@ async fn handle(
             Some(LimitKind::Bytes),
         );
     }
-    if forward::carries_foreign_secret(&req, target, &shared.config) {
-        tracing::warn!(
-            reason = FOREIGN_SECRET_REASON,
-            "proxy request denied: a secret's value toward another host"
-        );
-        return deny(
-            &inflight,
-            StatusCode::FORBIDDEN,
-            FOREIGN_SECRET_REASON,
-            None,
-        );
+    if let Some(refusal) = refuse_foreign_secret(&req, target, shared, &inflight) {
+        return refusal;
     }
     forward::exchange(
         req,

@@ -57,6 +57,7 @@ mod ca;
 mod config;
 mod decode;
 mod dial;
+mod edit;
 mod error;
 mod forward;
 mod host;

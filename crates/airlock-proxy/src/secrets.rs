@@ -14,13 +14,8 @@
 //! What keeps the real value from coming back in responses, or going out toward other
 //! hosts, is in [`crate::scrub`].
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
-
 use crate::config::Secret;
+use crate::edit::{Edit, EditedBody};
 
 /// The job-side names of the secrets among `foreign` (secrets not for this request's
 /// host) whose placeholder appears in `texts` (the request target, header values).
@@ -40,112 +35,57 @@ pub(crate) fn unbound_placeholders<'a>(
         .collect()
 }
 
-/// A request body with every placeholder of its secrets replaced by the real value, as it
-/// streams. The last `longest placeholder - 1` bytes are held back until more arrives (or
-/// the body ends), so a placeholder split across reads is still replaced.
-pub(crate) struct SubstitutedBody<B> {
-    inner: B,
+/// The [`Edit`] that replaces every placeholder of its secrets by the real value in a
+/// request body as it streams ([`EditedBody`]).
+pub(crate) struct Substitute {
     /// (placeholder, value) pairs.
     pairs: Vec<(Vec<u8>, Vec<u8>)>,
-    hold: usize,
-    carry: Vec<u8>,
-    ended: bool,
 }
 
-impl<B> SubstitutedBody<B> {
-    pub(crate) fn new(inner: B, secrets: &[&Secret]) -> Self {
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> = secrets
+/// `inner` with the placeholders of `secrets` replaced as it streams.
+pub(crate) fn substituted<B>(inner: B, secrets: &[&Secret]) -> EditedBody<B, Substitute> {
+    let pairs = secrets
+        .iter()
+        .filter(|s| !s.placeholder.is_empty())
+        .map(|s| {
+            (
+                s.placeholder.as_bytes().to_vec(),
+                s.value.expose().as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    EditedBody::new(inner, Substitute { pairs })
+}
+
+impl Edit for Substitute {
+    fn hold(&self) -> usize {
+        self.pairs
             .iter()
-            .filter(|s| !s.placeholder.is_empty())
-            .map(|s| {
-                (
-                    s.placeholder.as_bytes().to_vec(),
-                    s.value.expose().as_bytes().to_vec(),
-                )
-            })
-            .collect();
-        let hold = pairs
-            .iter()
-            .map(|(p, _)| p.len().saturating_sub(1))
+            .map(|(placeholder, _)| placeholder.len().saturating_sub(1))
             .max()
-            .unwrap_or(0);
-        Self {
-            inner,
-            pairs,
-            hold,
-            carry: Vec::new(),
-            ended: false,
-        }
+            .unwrap_or(0)
     }
 
-    /// Replaces the placeholders starting before `limit` in the carry; returns what can go.
-    fn drain_until(&mut self, limit: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(limit.min(self.carry.len()));
+    fn edit(&mut self, input: &[u8], limit: Option<usize>) -> (Vec<u8>, usize) {
+        let end = limit.unwrap_or(input.len()).min(input.len());
+        let mut out = Vec::with_capacity(input.len());
         let mut i = 0;
-        'scan: while i < limit.min(self.carry.len()) {
+        'scan: while i < end {
             for (placeholder, value) in &self.pairs {
-                if self.carry[i..].starts_with(placeholder) {
+                if input[i..].starts_with(placeholder) {
                     out.extend_from_slice(value);
                     i += placeholder.len();
                     continue 'scan;
                 }
             }
-            out.push(self.carry[i]);
+            out.push(input[i]);
             i += 1;
         }
-        self.carry.drain(..i.min(self.carry.len()));
-        out
-    }
-}
-
-impl<B> Body for SubstitutedBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = &mut *self;
-        loop {
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    this.carry.extend_from_slice(&data);
-                    let limit = this.carry.len().saturating_sub(this.hold);
-                    let out = this.drain_until(limit);
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
-                    }
-                }
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    let out = this.drain_until(usize::MAX);
-                    if out.is_empty() {
-                        return Poll::Ready(None);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
-                }
-            }
+        if limit.is_none() {
+            out.extend_from_slice(&input[i.min(input.len())..]);
+            i = input.len();
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ended
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
+        (out, i)
     }
 }
 
@@ -255,7 +195,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_gets_every_placeholder_across_any_split() {
+        use bytes::Bytes;
         use http_body_util::{BodyExt, StreamBody};
+        use hyper::body::Frame;
         let s = secret("PLACEHOLDER", "the-real-value");
         let body = b"a=PLACEHOLDER&b=PLACEHOLDER&c=PLACEHOLDE";
         for split in 0..=body.len() {
@@ -266,7 +208,7 @@ mod tests {
                 Ok(Frame::data(Bytes::copy_from_slice(&body[split..]))),
             ];
             let inner = StreamBody::new(futures_util::stream::iter(frames));
-            let out = SubstitutedBody::new(inner, &[&s])
+            let out = substituted(inner, &[&s])
                 .collect()
                 .await
                 .unwrap()

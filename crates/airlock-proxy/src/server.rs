@@ -286,17 +286,8 @@ async fn route(
         );
         return deny(&inflight, StatusCode::FORBIDDEN, &reason, None);
     }
-    if forward::carries_foreign_secret(&req, &target, &shared.config) {
-        tracing::warn!(
-            reason = FOREIGN_SECRET_REASON,
-            "proxy request denied: a secret's value toward another host"
-        );
-        return deny(
-            &inflight,
-            StatusCode::FORBIDDEN,
-            FOREIGN_SECRET_REASON,
-            None,
-        );
+    if let Some(refusal) = refuse_foreign_secret(&req, &target, shared, &inflight) {
+        return refusal;
     }
     let (stream, addr) = match dial(shared, &target.host, target.port).await {
         Ok(dialled) => dialled,
@@ -394,6 +385,29 @@ fn parse_target(req: &Request<Incoming>) -> Result<Target, Refusal> {
             Err(refuse(StatusCode::FORBIDDEN, &e.to_string()))
         }
     }
+}
+
+/// The refusal of a request whose head carries a secret's real value toward a host outside
+/// its scope ([`forward::carries_foreign_secret`]), if it does.
+pub(crate) fn refuse_foreign_secret(
+    req: &Request<Incoming>,
+    target: &Target,
+    shared: &Shared,
+    inflight: &InFlight,
+) -> Option<Response<ProxyBody>> {
+    if !forward::carries_foreign_secret(req, target, &shared.config) {
+        return None;
+    }
+    tracing::warn!(
+        reason = FOREIGN_SECRET_REASON,
+        "proxy request denied: a secret's value toward another host"
+    );
+    Some(deny(
+        inflight,
+        StatusCode::FORBIDDEN,
+        FOREIGN_SECRET_REASON,
+        None,
+    ))
 }
 
 /// Refuses by policy: a Denied record, and the reason to the job.

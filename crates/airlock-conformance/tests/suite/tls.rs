@@ -15,7 +15,7 @@ use airlock_testkit::tls::{HttpsServer, TestCa};
 use pretty_assertions::assert_eq;
 use sha2::Digest as _;
 
-use super::common::{JsonRun, Kind, Target, json_run};
+use super::common::{Target, proxy_job_ran, run_proxy_job};
 
 const PLACEHOLDER: &str = "airlock-placeholder-api-token";
 const OTHER_PLACEHOLDER: &str = "airlock-placeholder-other-token";
@@ -126,46 +126,32 @@ fn secret(env: &str, placeholder: &str, value_env: &str, host: &str) -> String {
     )
 }
 
-/// Runs a proxy job with the real values in the executor's environment.
-fn run_job(t: &Target, policy: &Path, values: &[(&str, &str)], args: &[&str]) -> JsonRun {
-    let mut cmd = t.cmd();
-    for (name, value) in values {
-        cmd.env(name, value);
-    }
-    cmd.args([
-        "run",
-        "--json",
-        "--net",
-        "proxy",
-        "--backend",
-        t.kind.backend(),
-        "--policy",
-    ])
-    .arg(policy)
-    .args(args);
-    json_run(cmd.output().unwrap())
+/// One HTTPS API, `api.test`, with the API secret bound to it: its real value, the server,
+/// its `host:port` and the policy (with the host's tools: curl, requests, pip, node).
+struct Api {
+    value: String,
+    server: HttpsServer,
+    api: String,
+    policy: PathBuf,
 }
 
-/// The observation of a job that ran, or `None` on a backend that refuses proxy jobs
-/// (after checking it said so).
-fn ran(t: &Target, run: JsonRun) -> Option<serde_json::Value> {
-    if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
-        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
-        assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
-        assert!(
-            run.obs["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("proxy")
-        );
-        return None;
-    }
-    assert_eq!(
-        run.obs["outcome"], "exited",
-        "{:#}\n{}",
-        run.obs, run.stderr
+fn one_api(t: &Target) -> Api {
+    let ca = TestCa::new("airlock conformance upstreams");
+    let server = HttpsServer::start(&ca, &["api.test"]);
+    let api = format!("api.test:{}", server.port);
+    let policy = tls_policy(
+        t,
+        std::slice::from_ref(&api),
+        &write_ca(t, &ca),
+        &secret("API_TOKEN", PLACEHOLDER, "REAL_TOKEN", &api),
+        t.host_tools_rootfs(),
     );
-    Some(run.obs)
+    Api {
+        value: real_value(),
+        server,
+        api,
+        policy,
+    }
 }
 
 fn connection_lines(t: &Target) -> Vec<serde_json::Value> {
@@ -214,17 +200,7 @@ with zipfile.ZipFile(sys.argv[1], 'w') as z:
 
 conformance! {
     fn an_https_api_gets_the_real_key_and_the_job_only_ever_the_placeholder(t: &Target) {
-        let value = real_value();
-        let ca = TestCa::new("airlock conformance upstreams");
-        let server = HttpsServer::start(&ca, &["api.test"]);
-        let api = format!("api.test:{}", server.port);
-        let policy = tls_policy(
-            t,
-            std::slice::from_ref(&api),
-            &write_ca(t, &ca),
-            &secret("API_TOKEN", PLACEHOLDER, "REAL_TOKEN", &api),
-            t.host_tools_rootfs(),
-        );
+        let Api { value, server, api, policy } = one_api(t);
         let source = format!(
             "{scan}\
 import subprocess, urllib.request, requests
@@ -245,8 +221,8 @@ print('bundle', os.environ['SSL_CERT_FILE'], os.environ['CURL_CA_BUNDLE'], os.en
 ",
             scan = leak_scan(&value),
         );
-        let run = run_job(t, &policy, &[("REAL_TOKEN", &value)], &["-c", &source]);
-        let Some(obs) = ran(t, run) else { return };
+        let run = run_proxy_job(t, &policy, &[("REAL_TOKEN", &value)], &["-c", &source]);
+        let Some(obs) = proxy_job_ran(t, run) else { return };
         // Each client got the echo back with the placeholder in the four places the value
         // was (the header, the body raw, in hex, in base64) and none of the value.
         assert_eq!(
@@ -275,17 +251,7 @@ print('bundle', os.environ['SSL_CERT_FILE'], os.environ['CURL_CA_BUNDLE'], os.en
     }
 
     fn node_fetch_trusts_the_jobs_ca_without_flags(t: &Target) {
-        let value = real_value();
-        let ca = TestCa::new("airlock conformance upstreams");
-        let server = HttpsServer::start(&ca, &["api.test"]);
-        let api = format!("api.test:{}", server.port);
-        let policy = tls_policy(
-            t,
-            std::slice::from_ref(&api),
-            &write_ca(t, &ca),
-            &secret("API_TOKEN", PLACEHOLDER, "REAL_TOKEN", &api),
-            t.host_tools_rootfs(),
-        );
+        let Api { value, server, api, policy } = one_api(t);
         // Node before 22.21 and 24.5 sends fetch() past HTTPS_PROXY, so the job opens the
         // CONNECT itself and lets fetch run over it; nowhere does it name a CA: the trust
         // comes from NODE_EXTRA_CA_CERTS alone.
@@ -312,8 +278,8 @@ function connect(opts, cb) {{
 }})().catch(e => {{ console.log('fetch failed:', e.cause ? e.cause.message : e.message); process.exit(1); }});
 "#
         );
-        let run = run_job(t, &policy, &[("REAL_TOKEN", &value)], &["-l", "node", "-c", &source]);
-        let Some(obs) = ran(t, run) else { return };
+        let run = run_proxy_job(t, &policy, &[("REAL_TOKEN", &value)], &["-l", "node", "-c", &source]);
+        let Some(obs) = proxy_job_ran(t, run) else { return };
         assert_eq!(obs["stdout"], "fetch 200 4 false\n", "{obs:#}");
         assert_eq!(
             server.requests()[0].header("authorization"),
@@ -341,13 +307,13 @@ with urllib.request.urlopen(req, timeout=10) as r:
     print(r.status, r.read().decode().count(os.environ['API_TOKEN']))
 "
         );
-        let run = run_job(
+        let run = run_proxy_job(
             t,
             &policy,
             &[("REAL_TOKEN", &value), ("REAL_OTHER", &other_value)],
             &["-c", &source],
         );
-        let Some(obs) = ran(t, run) else { return };
+        let Some(obs) = proxy_job_ran(t, run) else { return };
         assert_eq!(obs["stdout"], "200 1\n", "{obs:#}");
         assert_eq!(
             other_server.requests()[0].header("authorization"),
@@ -366,17 +332,7 @@ with urllib.request.urlopen(req, timeout=10) as r:
     }
 
     fn http2_chunked_and_gzip_answers_carrying_the_secret_come_back_scrubbed(t: &Target) {
-        let value = real_value();
-        let ca = TestCa::new("airlock conformance upstreams");
-        let server = HttpsServer::start(&ca, &["api.test"]);
-        let api = format!("api.test:{}", server.port);
-        let policy = tls_policy(
-            t,
-            std::slice::from_ref(&api),
-            &write_ca(t, &ca),
-            &secret("API_TOKEN", PLACEHOLDER, "REAL_TOKEN", &api),
-            t.host_tools_rootfs(),
-        );
+        let Api { value, server, api, policy } = one_api(t);
         let source = format!(
             "{scan}\
 import subprocess
@@ -389,8 +345,8 @@ for http2, path in [(True, '/echo'), (True, '/echo/chunked'), (True, '/echo/gzip
 ",
             scan = leak_scan(&value),
         );
-        let run = run_job(t, &policy, &[("REAL_TOKEN", &value)], &["-c", &source]);
-        let Some(obs) = ran(t, run) else { return };
+        let run = run_proxy_job(t, &policy, &[("REAL_TOKEN", &value)], &["-c", &source]);
+        let Some(obs) = proxy_job_ran(t, run) else { return };
         assert_eq!(
             obs["stdout"],
             "/echo 2 4 0\n/echo/chunked 2 4 0\n/echo/gzip 2 4 0\n/echo/chunked 1.1 4 0\n/echo/gzip 1.1 4 0\n",
@@ -446,8 +402,8 @@ line('upstream', lambda: requests.get('https://{bad_target}/echo', timeout=10))
 line('allowlist', lambda: requests.get('https://nowhere.test/', timeout=10))
 "
         );
-        let run = run_job(t, &policy, &[("REAL_TOKEN", &value)], &["-c", &source]);
-        let Some(obs) = ran(t, run) else { return };
+        let run = run_proxy_job(t, &policy, &[("REAL_TOKEN", &value)], &["-c", &source]);
+        let Some(obs) = proxy_job_ran(t, run) else { return };
         let stdout = obs["stdout"].as_str().unwrap();
         let lines: Vec<&str> = stdout.lines().collect();
         assert_eq!(lines.len(), 4, "{obs:#}");
@@ -525,8 +481,8 @@ print('other', code, 'Tunnel connection failed: 403 airlock proxy: other.test:{o
             other_port = elsewhere.port,
         );
         let requirements_arg = format!("requirements.txt={}", requirements.display());
-        let run = run_job(t, &policy, &[], &["--file", &requirements_arg, "-c", &source]);
-        let Some(obs) = ran(t, run) else { return };
+        let run = run_proxy_job(t, &policy, &[], &["--file", &requirements_arg, "-c", &source]);
+        let Some(obs) = proxy_job_ran(t, run) else { return };
         assert_eq!(
             obs["stdout"],
             "hashes 1 True\nallowed 0\nhello from tinypkg\nother 1 True\n",
