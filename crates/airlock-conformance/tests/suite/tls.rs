@@ -3,7 +3,8 @@
 //! too). The HTTPS servers run in this test on the host's 127.0.0.1 with a test CA of their
 //! own, which the policy's `extra_roots` makes the proxy trust; the job trusts nothing but
 //! its CA bundle, with no flag: Python's urllib and requests, curl, Node's fetch and pip
-//! all find it through the variables airlock sets.
+//! all find it through the variables airlock sets (pip comes as an input file, from the
+//! host's wheel, so that the job's root needs only Python).
 //!
 //! The real value is random per test; the job gets only its first bytes and its SHA-256,
 //! enough to look for it (in everything it received, its environment, its files and its
@@ -168,6 +169,22 @@ fn assert_nowhere(t: &Target, obs: &serde_json::Value, value: &str) {
         !everything.contains(value),
         "the real value is in the observation or the audit log"
     );
+}
+
+/// The host's pip as a wheel (Debian's python3-pip-whl), which runs from the zip.
+fn host_pip_wheel() -> Option<PathBuf> {
+    let mut wheels: Vec<PathBuf> = std::fs::read_dir("/usr/share/python-wheels")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("pip-") && n.ends_with(".whl"))
+        })
+        .collect();
+    wheels.sort();
+    wheels.pop()
 }
 
 /// A wheel of one module, `tinypkg`, built with the host's Python (zipfile); its bytes.
@@ -436,6 +453,14 @@ line('allowlist', lambda: requests.get('https://nowhere.test/', timeout=10))
     }
 
     fn pip_installs_a_hashed_wheel_from_the_allowed_index_and_refuses_another(t: &Target) {
+        // pip comes as an input file, from the host's wheel, runnable as it is: the job's
+        // root needs Python only (airlock-built images carry no pip, by design).
+        let pip_wheel = host_pip_wheel();
+        airlock_testkit::require!(
+            pip_wheel.is_some(),
+            "no pip wheel in /usr/share/python-wheels (apt-get install python3-pip-whl)"
+        );
+        let pip_wheel = pip_wheel.unwrap_or_default();
         let ca = TestCa::new("airlock conformance upstreams");
         let index = HttpsServer::start(&ca, &["pypi.test"]);
         let files = HttpsServer::start(&ca, &["files.test"]);
@@ -456,12 +481,13 @@ line('allowlist', lambda: requests.get('https://nowhere.test/', timeout=10))
             "[network.packages]\nindex = \"https://pypi.test:{}/simple\"\n",
             index.port
         );
-        // No allow entry at all: the index and the file host it names are enough.
-        let policy = tls_policy(t, &[], &write_ca(t, &ca), &packages, t.host_tools_rootfs());
+        // No allow entry at all: the index and the file host it names are enough. The
+        // default root (natively the minimal one).
+        let policy = tls_policy(t, &[], &write_ca(t, &ca), &packages, "");
         let source = format!(
             "import os, subprocess, sys
 def pip(*args):
-    c = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', '--disable-pip-version-check',
+    c = subprocess.run([sys.executable, '/work/pip.whl/pip', 'install', '--no-cache-dir', '--disable-pip-version-check',
                         '--retries', '0', '--target', '/tmp/site', '-r', '/work/requirements.txt', *args],
                        capture_output=True, text=True)
     return c.returncode, c.stdout + c.stderr
@@ -481,7 +507,13 @@ print('other', code, 'Tunnel connection failed: 403 airlock proxy: other.test:{o
             other_port = elsewhere.port,
         );
         let requirements_arg = format!("requirements.txt={}", requirements.display());
-        let run = run_proxy_job(t, &policy, &[], &["--file", &requirements_arg, "-c", &source]);
+        let pip_arg = format!("pip.whl={}", pip_wheel.display());
+        let run = run_proxy_job(
+            t,
+            &policy,
+            &[],
+            &["--file", &requirements_arg, "--file", &pip_arg, "-c", &source],
+        );
         let Some(obs) = proxy_job_ran(t, run) else { return };
         assert_eq!(
             obs["stdout"],
