@@ -358,6 +358,15 @@ impl DockerBackend {
             )),
             NetworkMode::None => None,
         };
+        // The job's CA bundle, bound over the image's own when the proxy intercepts TLS.
+        let trust_bundle = match proxy_config.as_ref().and_then(|c| c.trust_bundle_pem()) {
+            Some(pem) => Some(
+                jobdir
+                    .write_trust_bundle(pem)
+                    .map_err(DockerError::JobDir)?,
+            ),
+            None => None,
+        };
         let name = spec::container_name(job);
         let guard = ContainerGuard::new(&self.config.socket, &name);
         let mut created_id = None;
@@ -370,6 +379,7 @@ impl DockerBackend {
                 &image,
                 &jobdir.work(),
                 &empty_file,
+                trust_bundle.as_deref(),
                 out.as_ref(),
                 &name,
                 &mut created_id,
@@ -459,6 +469,7 @@ impl DockerBackend {
         image: &CheckedImage,
         workdir: &std::path::Path,
         empty_file: &std::path::Path,
+        trust_bundle: Option<&std::path::Path>,
         out: Option<&OutMount>,
         name: &str,
         created_id: &mut Option<String>,
@@ -487,6 +498,7 @@ impl DockerBackend {
                 boot_id: &self.boot_id,
                 seccomp_profile: &self.seccomp_profile,
                 empty_file,
+                trust_bundle,
                 nproc_ceiling: self.nproc_ceiling,
                 proxy_port: (job.network == NetworkMode::Proxy)
                     .then_some(airlock_core::job::PROXY_PORT),
