@@ -144,11 +144,12 @@ impl DockerBackend {
             });
         }
         let runtime_dir = RuntimeDir::open(&config.runtime_dir).map_err(DockerError::JobDir)?;
-        let profile = crate::seccomp::docker_profile(
-            crate::seccomp::POLICY_JSON,
-            config.flavor == Flavor::Gvisor,
-        )
-        .map_err(DockerError::Seccomp)?;
+        let runtime = match config.flavor {
+            Flavor::Gvisor => crate::seccomp::OciRuntime::Gvisor,
+            Flavor::Docker | Flavor::Podman => crate::seccomp::OciRuntime::Runc,
+        };
+        let profile = crate::seccomp::docker_profile(crate::seccomp::POLICY_JSON, runtime)
+            .map_err(DockerError::Seccomp)?;
         // Docker takes the profile's JSON in the request; Podman's compatible API takes a
         // path on the daemon's host (which is this host: the socket is local).
         let seccomp_profile = match config.flavor {
@@ -339,9 +340,19 @@ impl DockerBackend {
             )),
             NetworkMode::None => None,
         };
+        // The job's CA bundle, bound over the image's own when the proxy intercepts TLS.
+        let trust_bundle = match proxy_config.as_ref().and_then(|c| c.trust_bundle_pem()) {
+            Some(pem) => Some(
+                jobdir
+                    .write_trust_bundle(pem)
+                    .map_err(DockerError::JobDir)?,
+            ),
+            None => None,
+        };
         let files = ContainerFiles {
             image: &image,
             empty_file: &empty_file,
+            trust_bundle: trust_bundle.as_deref(),
             out: out.as_ref(),
         };
         let (leftovers, started) = self
@@ -529,6 +540,7 @@ impl DockerBackend {
                 boot_id: &self.boot_id,
                 seccomp_profile: &self.seccomp_profile,
                 empty_file: files.empty_file,
+                trust_bundle: files.trust_bundle,
                 nproc_ceiling: self.nproc_ceiling,
                 proxy_port: (job.network == NetworkMode::Proxy)
                     .then_some(airlock_core::job::PROXY_PORT),
@@ -800,10 +812,12 @@ pub(crate) fn engine(
 }
 
 /// What a container is made of besides its job directory: its image, the empty file that
-/// hides devices, and `/out` when enabled.
+/// hides devices, the job's CA bundle when the proxy intercepts TLS, and `/out` when
+/// enabled.
 pub(crate) struct ContainerFiles<'a> {
     pub(crate) image: &'a CheckedImage,
     pub(crate) empty_file: &'a std::path::Path,
+    pub(crate) trust_bundle: Option<&'a std::path::Path>,
     pub(crate) out: Option<&'a OutMount>,
 }
 

@@ -98,7 +98,7 @@ impl NativeWarm {
             tracing::warn!(sandbox = %name, error = %e,
                 "cannot lower a warm sandbox's CPU priority; it starts at normal priority");
         }
-        let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref()) {
+        let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref(), None) {
             Ok(plan) => plan,
             Err(e) => {
                 let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;

@@ -71,7 +71,21 @@ conformance! {
         // (bench/), not enforcement, and stretches with the machine (1.8-2.4 s for docker
         // and gvisor here, 4-6 s for podman under the suite's parallel load): there the
         // bound only catches a hang, and the kill itself is judged by duration_ms below.
-        let slack = if t.kind.is_native() { 2 } else { 20 };
+        // A warm run (`airlock run --warm`) also builds its sandbox and starts the
+        // interpreter before the job is delivered and its clock starts, work a server's pool
+        // does ahead of the job: there the bound allows for that (2.5 s was seen with the
+        // two cores at load 15).
+        let slack = match t.kind {
+            Kind::Native => 2,
+            Kind::Warm => 5,
+            Kind::Docker
+            | Kind::Gvisor
+            | Kind::Podman
+            | Kind::Kube
+            | Kind::WarmDocker
+            | Kind::WarmGvisor
+            | Kind::WarmPodman => 20,
+        };
         assert!(elapsed < Duration::from_secs(slack), "took {elapsed:?}");
         let duration = run.obs["duration_ms"].as_u64().unwrap();
         // gVisor's sandbox takes up to ~0.6 s to die after SIGKILL.
