@@ -127,6 +127,8 @@ impl WarmContainers {
         let files = ContainerFiles {
             image: &image,
             empty_file: &empty_file,
+            // A warm container has no network, so no proxy and no CA bundle of its own.
+            trust_bundle: None,
             out: None,
         };
         let (leftovers, started) = backend
