@@ -426,3 +426,88 @@ print(json.dumps({
     "writable": [os.access(p, os.W_OK) for p in ("/", "/work", "/tmp", "/dev/shm")],
 }, sort_keys=True))
 "#;
+
+/// Runs each of `cases` on a `cold` server (no pool) and on a `warm` one (each once the
+/// pool has `pool` ready again) and checks that the warm job saw what the cold one did:
+/// the outcome, the exit, stderr and `same` fields of the observation, and stdout; a
+/// stdout that is a JSON object ([`WARM_PROBE`]'s report) is compared whole, but for the
+/// `may_differ` keys.
+pub async fn assert_warm_sees_what_cold_sees(
+    cold: &Server,
+    warm: &Server,
+    pool: u64,
+    cases: &[Value],
+    same: &[&str],
+    may_differ: &[&str],
+) {
+    for (i, case) in cases.iter().enumerate() {
+        let want = post_run(cold, None, case).await;
+        let got = post_run(warm, None, case).await;
+        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
+        assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
+        for key in ["ok", "outcome", "exit_code", "signal", "stderr"]
+            .iter()
+            .chain(same)
+        {
+            assert_eq!(
+                got.body[key], want.body[key],
+                "#{i} {key}: warm {:#} cold {:#}",
+                got.body, want.body
+            );
+        }
+        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
+        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
+            Ok(mut cold_probe) if cold_probe.is_object() => {
+                let mut warm_probe: Value = serde_json::from_str(out_warm.as_str().unwrap())
+                    .unwrap_or_else(|e| panic!("#{i}: {e}: {:#}", got.body));
+                for key in may_differ {
+                    assert!(!warm_probe[key].is_null() && !cold_probe[key].is_null());
+                    warm_probe[key] = Value::Null;
+                    cold_probe[key] = Value::Null;
+                }
+                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
+            }
+            _ => assert_eq!(out_warm, out_cold, "#{i}"),
+        }
+        // A warm job's setup happened before it was delivered.
+        assert!(got.body["duration_ms"].as_u64().is_some(), "{:#}", got.body);
+        wait_ready(warm, pool).await;
+    }
+    assert_eq!(hits(warm).await, cases.len() as u64, "{}", warm.log());
+    assert_eq!(
+        metric(warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
+        0
+    );
+    assert_eq!(metric(cold, "airlock_warm_pool_ready").await, 0);
+}
+
+/// Runs on `warm` jobs its pool does not fit (other limits, another language, and
+/// `extra`), each printing `1`, checks they ran in fresh sandboxes (counted unfit, no
+/// hit), and that a 128 MiB limit is really the job's.
+pub async fn assert_unfit_jobs_run_fresh(warm: &Server, extra: &[Value]) {
+    let hits_before = hits(warm).await;
+    let mut unfit = vec![
+        serde_json::json!({"language": "python", "code": "print(1)", "memory": "128MiB"}),
+        serde_json::json!({"language": "python", "code": "print(1)", "pids": 8}),
+        serde_json::json!({"language": "sh", "code": "echo 1"}),
+    ];
+    unfit.extend_from_slice(extra);
+    for case in &unfit {
+        let answer = post_run(warm, None, case).await;
+        assert_eq!(answer.body["outcome"], "exited", "{:#}", answer.body);
+        assert_eq!(answer.body["stdout"], "1\n", "{:#}", answer.body);
+    }
+    assert_eq!(hits(warm).await, hits_before);
+    assert_eq!(
+        metric(warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
+        unfit.len() as u64
+    );
+    // The 128 MiB limit is really the job's: it is not a warm sandbox with the default.
+    let big = post_run(
+        warm,
+        None,
+        &serde_json::json!({"language": "python", "code": "b = bytearray(200 << 20)\nprint('no')", "memory": "128MiB"}),
+    )
+    .await;
+    assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
+}

@@ -48,42 +48,9 @@ async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
         python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"),
         python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
     ];
-    for (i, case) in cases.iter().enumerate() {
-        let want = post_run(&cold, None, case).await;
-        let got = post_run(&warm, None, case).await;
-        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
-        assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
-        for key in ["ok", "outcome", "exit_code", "signal", "stderr"] {
-            assert_eq!(
-                got.body[key], want.body[key],
-                "#{i} {key}: warm {:#} cold {:#}",
-                got.body, want.body
-            );
-        }
-        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
-        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
-            Ok(mut cold_probe) if cold_probe.is_object() => {
-                let mut warm_probe: Value =
-                    serde_json::from_str(out_warm.as_str().unwrap()).unwrap();
-                // The only thing that may differ: the pid in the job's pid namespace (the
-                // warm sandbox's job process is the same one, started earlier).
-                assert!(warm_probe["pid"].is_u64() && cold_probe["pid"].is_u64());
-                warm_probe["pid"] = Value::Null;
-                cold_probe["pid"] = Value::Null;
-                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
-            }
-            _ => assert_eq!(out_warm, out_cold, "#{i}"),
-        }
-        // A warm job's setup happened before it was delivered.
-        assert!(got.body["duration_ms"].as_u64().is_some(), "{:#}", got.body);
-        wait_ready(&warm, POOL).await;
-    }
-    assert_eq!(hits(&warm).await, cases.len() as u64, "{}", warm.log());
-    assert_eq!(
-        metric(&warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
-        0
-    );
-    assert_eq!(metric(&cold, "airlock_warm_pool_ready").await, 0);
+    // The only thing that may differ: the pid in the job's pid namespace (the warm
+    // sandbox's job process is the same one, started earlier).
+    assert_warm_sees_what_cold_sees(&cold, &warm, POOL, &cases, &[], &["pid"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,30 +127,11 @@ async fn jobs_the_pool_does_not_fit_run_in_fresh_sandboxes() {
     require_server!();
     let warm = server(POOL);
     wait_ready(&warm, POOL).await;
-    let unfit = [
-        json!({"language": "python", "code": "print(1)", "memory": "128MiB"}),
-        json!({"language": "python", "code": "print(1)", "cpus": 0.25}),
-        json!({"language": "python", "code": "print(1)", "pids": 8}),
-        json!({"language": "sh", "code": "echo 1"}),
-    ];
-    for case in &unfit {
-        let answer = post_run(&warm, None, case).await;
-        assert_eq!(answer.body["outcome"], "exited", "{:#}", answer.body);
-        assert_eq!(answer.body["stdout"], "1\n");
-    }
-    assert_eq!(hits(&warm).await, 0);
-    assert_eq!(
-        metric(&warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
-        unfit.len() as u64
-    );
-    // The 128 MiB limit is really the job's: it is not a warm sandbox with the default.
-    let big = post_run(
+    assert_unfit_jobs_run_fresh(
         &warm,
-        None,
-        &json!({"language": "python", "code": "b = bytearray(200 << 20)\nprint('no')", "memory": "128MiB"}),
+        &[json!({"language": "python", "code": "print(1)", "cpus": 0.25})],
     )
     .await;
-    assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
 }
 
 /// The warm sandboxes' helpers (the server's children) and their cgroup directories.

@@ -221,67 +221,19 @@ async fn warm_containers_see_exactly_what_fresh_ones_see(engine: Engine) {
         python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('alive')\n"),
         python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
     ];
-    for (i, case) in cases.iter().enumerate() {
-        let want = post_run(&cold, None, case).await;
-        let got = post_run(&warm, None, case).await;
-        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
-        assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
-        for key in [
-            "ok",
-            "outcome",
-            "exit_code",
-            "signal",
-            "stderr",
-            "backend",
-            "image_digest",
-        ] {
-            assert_eq!(
-                got.body[key], want.body[key],
-                "#{i} {key}: warm {:#} cold {:#}",
-                got.body, want.body
-            );
-        }
-        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
-        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
-            Ok(cold_probe) if cold_probe.is_object() => {
-                let warm_probe: Value = serde_json::from_str(out_warm.as_str().unwrap())
-                    .unwrap_or_else(|e| panic!("#{i}: {e}: {:#}", got.body));
-                // Nothing may differ: the job is its container's first process in both.
-                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
-            }
-            _ => assert_eq!(out_warm, out_cold, "#{i}"),
-        }
-        wait_ready(&warm, POOL).await;
-    }
-    assert_eq!(hits(&warm).await, cases.len() as u64, "{}", warm.log());
-    assert_eq!(
-        metric(&warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
-        0
-    );
-    assert_eq!(metric(&cold, "airlock_warm_pool_ready").await, 0);
-
-    // Jobs the template does not fit run in fresh containers, with their own limits.
-    let unfit = [
-        json!({"language": "python", "code": "print(1)", "memory": "128MiB"}),
-        json!({"language": "python", "code": "print(1)", "pids": 8}),
-        json!({"language": "sh", "code": "echo 1"}),
-    ];
-    for case in &unfit {
-        let answer = post_run(&warm, None, case).await;
-        assert_eq!(answer.body["stdout"], "1\n", "{:#}", answer.body);
-    }
-    assert_eq!(
-        metric(&warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
-        unfit.len() as u64
-    );
-    let big = post_run(
+    // Nothing may differ: the job is its container's first process in both.
+    assert_warm_sees_what_cold_sees(
+        &cold,
         &warm,
-        None,
-        &json!({"language": "python", "code": "b = bytearray(200 << 20)\nprint('no')", "memory": "128MiB"}),
+        POOL,
+        &cases,
+        &["backend", "image_digest"],
+        &[],
     )
     .await;
-    assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
-    assert_eq!(hits(&warm).await, cases.len() as u64);
+
+    // Jobs the template does not fit run in fresh containers, with their own limits.
+    assert_unfit_jobs_run_fresh(&warm, &[]).await;
     stop(warm, engine);
     stop(cold, engine);
 }
