@@ -511,3 +511,32 @@ pub async fn assert_unfit_jobs_run_fresh(warm: &Server, extra: &[Value]) {
     .await;
     assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
 }
+
+/// A job leaves a module attribute and files in `/tmp` (and `/work` where it may write)
+/// on `warm`; the next, sent once the pool has `pool` ready again and after waiting
+/// longer than the 3 s limit of the warm tests' policies (which the job must not pay),
+/// finds none of it: each warm sandbox serves one job.
+pub async fn assert_nothing_carries_to_the_next_job(warm: &Server, pool: u64) {
+    let leave = post_run(
+        warm,
+        None,
+        &python("import builtins, os\nbuiltins.left_behind = 1\nopen('/tmp/marker', 'w').write('x')\nopen('/work/marker', 'w').write('x') if os.access('/work', os.W_OK) else None\nprint('wrote')\n"),
+    )
+    .await;
+    assert_eq!(leave.body["outcome"], "exited", "{:#}", leave.body);
+    assert_eq!(leave.body["stdout"], "wrote\n", "{:#}", leave.body);
+    wait_ready(warm, pool).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let look = post_run(
+        warm,
+        None,
+        &python("import builtins, os\nprint(hasattr(builtins, 'left_behind'), os.path.exists('/tmp/marker'), os.path.exists('/work/marker'), sorted(os.listdir('/work')))\n"),
+    )
+    .await;
+    assert_eq!(look.body["outcome"], "exited", "{:#}", look.body);
+    assert_eq!(
+        look.body["stdout"], "False False False ['main.py']\n",
+        "{:#}",
+        look.body
+    );
+}

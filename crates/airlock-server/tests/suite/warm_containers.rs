@@ -264,27 +264,7 @@ async fn each_container_serves_one_job_from_its_delivery_at_normal_priority(engi
         !container_exists(engine, &waiting[0]),
         "the used container is still there"
     );
-    let leave = post_run(
-        &warm,
-        None,
-        &python("import builtins\nbuiltins.left_behind = 1\nopen('/tmp/marker', 'w').write('x')\nprint('wrote')\n"),
-    )
-    .await;
-    assert_eq!(leave.body["stdout"], "wrote\n", "{:#}", leave.body);
-    wait_ready(&warm, 1).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let look = post_run(
-        &warm,
-        None,
-        &python("import builtins, os\nprint(hasattr(builtins, 'left_behind'), os.path.exists('/tmp/marker'), sorted(os.listdir('/work')))\n"),
-    )
-    .await;
-    assert_eq!(look.body["outcome"], "exited", "{:#}", look.body);
-    assert_eq!(
-        look.body["stdout"], "False False ['main.py']\n",
-        "{:#}",
-        look.body
-    );
+    assert_nothing_carries_to_the_next_job(&warm, 1).await;
     // The limit still holds, counted from the delivery: a job that never ends is killed
     // no earlier than its 3 s.
     wait_ready(&warm, 1).await;
