@@ -59,10 +59,11 @@ pub fn open_with(
                 size as usize,
                 loaded.policy.native.warm_idle,
                 loaded.policy.native.warm_preload.clone(),
+                loaded.policy.native.zygote,
             )
             .map_err(BackendError::from)?;
             tracing::info!(size, language = %loaded.policy.native.warm_language,
-                "keeping warm sandboxes started");
+                zygote = loaded.policy.native.zygote, "keeping warm sandboxes started");
             Ok(Arc::new(pool))
         }
         BackendKind::Docker => airlock_docker::backend::open(&loaded.policy, Flavor::Docker),

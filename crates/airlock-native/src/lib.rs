@@ -16,6 +16,7 @@ pub mod minimal_root;
 mod mount_plan;
 pub mod plan;
 mod pool;
+pub mod zygote;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;
