@@ -46,7 +46,7 @@ def _airlock_zygote():
     ms_remount, ms_bind, ms_rec, ms_private = 32, 4096, 16384, 1 << 18
     # statvfs flags and the mount flags a bind remount must repeat.
     st_to_ms = [(1, 1), (2, 2), (4, 4), (8, 8), (1024, 1024), (2048, 2048), (4096, 1 << 21)]
-    pr_set_pdeathsig, pr_set_seccomp, pr_capbset_drop = 1, 22, 24
+    pr_set_pdeathsig, pr_set_dumpable, pr_set_seccomp, pr_capbset_drop = 1, 4, 22, 24
     pr_set_no_new_privs, pr_cap_ambient, pr_cap_ambient_clear_all = 38, 47, 4
     seccomp_mode_filter = 2
     sys_capset, sys_move_mount = 126, 429
@@ -374,6 +374,9 @@ def _airlock_zygote():
         header = (ctypes.c_uint32 * 2)(0x20080522, 0)
         sets = (ctypes.c_uint32 * 6)()
         checked(libc.syscall(sys_capset, header, sets), "clear capabilities")
+        # Changing uid made the process non-dumpable, which the exec of a fresh sandbox's
+        # job undoes: its /proc/self files are then its own again (environ, mem, ...).
+        checked(libc.prctl(pr_set_dumpable, 1, 0, 0, 0), "set dumpable")
         checked(libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0), "set no_new_privs")
         held = status_fields()
         for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
