@@ -30,6 +30,10 @@ def _airlock_zygote():
     # step, and ends that process.
     import os, sys
     keep = frozenset(sys.modules)
+    # The interpreter's and the preloaded modules' objects stay as they are: the garbage
+    # collector of a child then never writes to their pages, which stay shared.
+    import gc
+    gc.freeze()
     import ctypes, fcntl, json, resource, select, socket, struct
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -461,7 +465,9 @@ def _airlock_zygote():
                 # the frame holding it goes.
                 sock.detach()
                 if child(fds, threads) is True:
-                    return True
+                    # In the job process: what is left of this program is collected
+                    # before the job is delivered.
+                    return gc.collect
                 os._exit(1)
             for f in fds:
                 os.close(f)
@@ -473,6 +479,8 @@ def _airlock_zygote():
 
 _airlock_zygote_preload({MODULES})
 del _airlock_zygote_preload, _airlock_preload
-if _airlock_zygote():
-    del _airlock_zygote
-    _airlock_run()
+_airlock_collect = _airlock_zygote()
+del _airlock_zygote
+_airlock_collect()
+del _airlock_collect
+_airlock_run(True)
