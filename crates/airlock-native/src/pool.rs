@@ -49,6 +49,8 @@ const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 const REFILL_BATCH_MAX: usize = 8;
 /// First wait after a failed start.
 const REFILL_BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// Longest wait at shutdown for the refill to end.
+const SHUTDOWN_REFILL_WAIT: Duration = Duration::from_secs(30);
 /// Longest wait before a zygote is started again after its start failed.
 const ZYGOTE_RETRY_MAX: Duration = Duration::from_secs(300);
 
@@ -111,6 +113,8 @@ struct Shared {
 /// The native backend with a pool of warm sandboxes for one language's jobs.
 pub struct PooledNative {
     shared: Arc<Shared>,
+    /// The refill task, awaited at shutdown so that nothing it is starting is left behind.
+    refill: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for PooledNative {
@@ -185,8 +189,11 @@ impl PooledNative {
             zygote,
             zygotes: Mutex::new(Zygotes::default()),
         });
-        tokio::spawn(refill(shared.clone()));
-        Ok(Self { shared })
+        let refill = tokio::spawn(refill(shared.clone()));
+        Ok(Self {
+            shared,
+            refill: Mutex::new(Some(refill)),
+        })
     }
 
     /// The pool's figures.
@@ -223,6 +230,18 @@ impl PooledNative {
     pub async fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.wake.notify_one();
+        // The refill ends once the sandboxes it is starting are ready or failed, and
+        // removes them; a zygote still importing its preload is not waited for past this.
+        let refill = self.refill.lock().ok().and_then(|mut r| r.take());
+        if let Some(refill) = refill
+            && tokio::time::timeout(SHUTDOWN_REFILL_WAIT, refill)
+                .await
+                .is_err()
+        {
+            tracing::warn!(
+                "the warm pool's refill did not end in time; the next start sweeps what it left"
+            );
+        }
         let drained: Vec<Warm> = match self.shared.ready.lock() {
             Ok(mut ready) => ready.drain(..).collect(),
             Err(_) => Vec::new(),

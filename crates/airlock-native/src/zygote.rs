@@ -408,6 +408,8 @@ pub(crate) struct Zygote {
     cgroup_procs: usize,
     template: Mutex<Option<Template>>,
     diagnostics: Arc<Mutex<Vec<u8>>>,
+    /// Set once the zygote was seen gone.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 /// The template sandbox a zygote runs in.
@@ -513,6 +515,7 @@ impl Zygote {
                 cgroup,
             })),
             diagnostics,
+            ended: std::sync::atomic::AtomicBool::new(false),
         });
         let ready = async {
             let socket = socket.ok_or_else(|| NativeError::Zygote {
@@ -591,25 +594,30 @@ impl Zygote {
     /// Whether it can still fork: its template sandbox runs and the zygote has neither
     /// exited nor closed its socket.
     pub(crate) fn is_usable(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.ended.load(Ordering::Relaxed) {
+            return false;
+        }
         let Ok(mut template) = self.template.lock() else {
             return false;
         };
         let Some(template) = template.as_mut() else {
             return false;
         };
-        if !template.launched.child.is_running() {
-            return false;
-        }
+        let mut alive = template.launched.child.is_running();
         // The init reports the zygote's end on the template's status pipe.
         while let Ok(event) = template.launched.events.try_recv() {
             if matches!(
                 event,
                 InitEvent::Exited { .. } | InitEvent::Signaled { .. } | InitEvent::Failed { .. }
             ) {
-                return false;
+                alive = false;
             }
         }
-        true
+        if !alive {
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        alive
     }
 
     /// Stops forking: the zygote sees its socket close and exits. The template stays

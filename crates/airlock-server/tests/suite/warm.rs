@@ -28,7 +28,7 @@ fn server(warm_pool: u64) -> Server {
 }
 
 /// One series of `/metrics` (0 when absent).
-async fn metric(server: &Server, series: &str) -> u64 {
+pub(super) async fn metric(server: &Server, series: &str) -> u64 {
     let text = client()
         .get(server.url("/metrics"))
         .send()
@@ -42,7 +42,7 @@ async fn metric(server: &Server, series: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-async fn wait_ready(server: &Server, want: u64) {
+pub(super) async fn wait_ready(server: &Server, want: u64) {
     let start = Instant::now();
     while metric(server, "airlock_warm_pool_ready").await < want {
         assert!(
@@ -54,12 +54,12 @@ async fn wait_ready(server: &Server, want: u64) {
     }
 }
 
-async fn hits(server: &Server) -> u64 {
+pub(super) async fn hits(server: &Server) -> u64 {
     metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
 }
 
 /// What a job can observe about its interpreter, its `__main__` and its sandbox.
-const PROBE: &str = r#"
+pub(super) const PROBE: &str = r#"
 import json, os, sys
 def status(key):
     for line in open("/proc/self/status"):
