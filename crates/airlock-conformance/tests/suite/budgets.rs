@@ -177,7 +177,7 @@ fn host_budget_probe() -> serde_json::Value {
 }
 
 conformance_on! {
-    [native: Native, warm: Warm]
+    [native: Native, warm: Warm, zygote: Zygote]
 
     fn host_root_keeps_its_per_user_budgets_while_a_job_exhausts_them(t: &Target) {
         let ready = marker("budgets");
@@ -291,7 +291,7 @@ mod tcp {
     const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 
     conformance_on! {
-        [native: Native, warm: Warm, docker: Docker, gvisor: Gvisor, podman: Podman]
+        [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor, podman: Podman]
 
         fn tcp_buffers_are_held_to_the_memory_limit(t: &Target) {
             let policy = t.policy_with("timeout = \"30s\"", "", "");

@@ -72,7 +72,7 @@ conformance! {
         // and gvisor here, 4-6 s for podman under the suite's parallel load): there the
         // bound only catches a hang, and the kill itself is judged by duration_ms below.
         let slack = match t.kind {
-            Kind::Native | Kind::Warm => 2,
+            Kind::Native | Kind::Warm | Kind::Zygote => 2,
             Kind::Docker | Kind::Gvisor | Kind::Podman | Kind::Kube => 20,
         };
         assert!(elapsed < Duration::from_secs(slack), "took {elapsed:?}");
