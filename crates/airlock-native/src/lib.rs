@@ -20,4 +20,4 @@ pub mod zygote;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;
-pub use pool::PooledNative;
+pub use pool::{PoolConfig, PooledNative};

@@ -108,6 +108,23 @@ struct Shared {
     /// Whether sandboxes are forked from a zygote ([native] zygote).
     zygote: bool,
     zygotes: Mutex<Zygotes>,
+    starts_max: Option<u64>,
+}
+
+/// How a pool of warm sandboxes is kept.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Sandboxes kept ready ([native] warm_pool).
+    pub size: usize,
+    /// Longest a sandbox (or a zygote) waits before it is replaced ([native] warm_idle).
+    pub idle_max: Duration,
+    /// Modules each warm interpreter, or the zygote, imports ([native] warm_preload).
+    pub preload: Vec<String>,
+    /// Whether sandboxes are forked from a zygote ([native] zygote).
+    pub zygote: bool,
+    /// Most sandboxes ever started, `None` for no bound: `airlock run --warm` starts one,
+    /// for its one job, and no replacement after it.
+    pub starts_max: Option<u64>,
 }
 
 /// The native backend with a pool of warm sandboxes for one language's jobs.
@@ -133,11 +150,15 @@ impl PooledNative {
     pub fn start(
         backend: Arc<NativeBackend>,
         template: JobSpec,
-        size: usize,
-        idle_max: Duration,
-        preload: Vec<String>,
-        zygote: bool,
+        config: PoolConfig,
     ) -> Result<Self, NativeError> {
+        let PoolConfig {
+            size,
+            idle_max,
+            preload,
+            zygote,
+            starts_max,
+        } = config;
         if template.network != NetworkMode::None {
             return Err(NativeError::Unsupported {
                 control: "warm pool",
@@ -188,6 +209,7 @@ impl PooledNative {
             counters: Counters::default(),
             zygote,
             zygotes: Mutex::new(Zygotes::default()),
+            starts_max,
         });
         let refill = tokio::spawn(refill(shared.clone()));
         Ok(Self {
@@ -789,7 +811,12 @@ async fn refill(shared: Arc<Shared>) {
             Ok(ready) => (ready.len(), ready.front().map(|w| w.ready_at)),
             Err(_) => break,
         };
-        if have >= shared.size {
+        let attempts = shared.counters.started.load(Ordering::Relaxed)
+            + shared.counters.failed.load(Ordering::Relaxed);
+        let allowed = shared
+            .starts_max
+            .map_or(usize::MAX, |max| max.saturating_sub(attempts) as usize);
+        if have >= shared.size || allowed == 0 {
             // Asleep until a job takes one or the oldest sandbox (or the zygote) reaches
             // its idle lifetime.
             let oldest = oldest
@@ -811,7 +838,7 @@ async fn refill(shared: Arc<Shared>) {
         // the host, once per burst of moves rather than per move, so a batch costs one
         // such pause instead of one per sandbox.
         let mut starts = tokio::task::JoinSet::new();
-        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX) {
+        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX).min(allowed) {
             let shared = shared.clone();
             let zygote = zygote.clone();
             starts.spawn(async move { launch_warm(&shared, zygote).await });
