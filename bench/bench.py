@@ -297,6 +297,19 @@ def mean(values):
     return sum(values) // len(values) if values else 0
 
 
+def record_pool_memory(memory, name, server_pid):
+    """Adds the memory rows of one server's waiting sandboxes (and zygote) to `memory`."""
+    groups = pool_memory(server_pid)
+    waiting = [v for k, v in groups.items() if k.startswith("warm-")]
+    zygotes = [v for k, v in groups.items() if k.startswith("zygote-")]
+    if waiting:
+        memory[f"{name}: memory charged per waiting sandbox (cgroup, mean)"] = mean([c for c, _ in waiting])
+        memory[f"{name}: PSS per waiting sandbox (its processes, mean)"] = mean([p for _, p in waiting])
+    if zygotes:
+        memory[f"{name}: the zygote's own sandbox (cgroup)"] = mean([c for c, _ in zygotes])
+        memory[f"{name}: the zygote's own sandbox (PSS)"] = mean([p for _, p in zygotes])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--airlock", required=True)
@@ -439,16 +452,8 @@ def main():
                     raise SystemExit(f"{name}: the warm pool never filled")
                 time.sleep(0.1)
             time.sleep(0.5)
-            groups = pool_memory(proc.pid)
-            waiting = [v for k, v in groups.items() if k.startswith("warm-")]
-            zygotes = [v for k, v in groups.items() if k.startswith("zygote-")]
             memory[f"{name}: server RSS with {args.warm_pool} sandboxes waiting"] = rss_kib(proc.pid)
-            if waiting:
-                memory[f"{name}: memory charged per waiting sandbox (cgroup, mean)"] = mean([c for c, _ in waiting])
-                memory[f"{name}: PSS per waiting sandbox (its processes, mean)"] = mean([p for _, p in waiting])
-            if zygotes:
-                memory[f"{name}: the zygote's own sandbox (cgroup)"] = mean([c for c, _ in zygotes])
-                memory[f"{name}: the zygote's own sandbox (PSS)"] = mean([p for _, p in zygotes])
+            record_pool_memory(memory, name, proc.pid)
 
         runnable = [c for c in contenders if not c.missing]
         processes = [c for c in runnable if c.argv_for]

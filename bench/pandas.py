@@ -32,7 +32,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import mean, pool_memory  # noqa: E402
+from bench import record_pool_memory  # noqa: E402
 
 JOB = "import pandas\nprint(int(pandas.DataFrame({'a': [1, 2, 3]}).a.sum()))\n"
 EXPECT = "6\n"
@@ -129,14 +129,7 @@ def main():
                         raise SystemExit(f"{name}: the warm pool never filled")
                     time.sleep(0.05)
                 time.sleep(0.5)
-                groups = pool_memory(proc.pid)
-                waiting = [v for k, v in groups.items() if k.startswith("warm-")]
-                zygotes = [v for k, v in groups.items() if k.startswith("zygote-")]
-                memory[f"{name}: memory charged per waiting sandbox (cgroup, mean)"] = mean([c for c, _ in waiting])
-                memory[f"{name}: PSS per waiting sandbox (its processes, mean)"] = mean([p for _, p in waiting])
-                if zygotes:
-                    memory[f"{name}: the zygote's own sandbox (cgroup)"] = mean([c for c, _ in zygotes])
-                    memory[f"{name}: the zygote's own sandbox (PSS)"] = mean([p for _, p in zygotes])
+                record_pool_memory(memory, name, proc.pid)
             times = []
             for _ in range(args.runs + 2):
                 deadline = time.monotonic() + 120

@@ -616,24 +616,14 @@ impl NativeBackend {
             (false, _) => None,
             (true, ProgramRole::Job) => Some(cloexec_pipe()?),
             (true, ProgramRole::Zygote) => Some(
-                rustix::net::socketpair(
-                    rustix::net::AddressFamily::UNIX,
-                    rustix::net::SocketType::SEQPACKET,
-                    rustix::net::SocketFlags::CLOEXEC,
-                    None,
-                )
-                .map_err(|e| NativeError::Helper(format!("create zygote socket: {e}")))?,
+                unix_socket_pair(rustix::net::SocketType::SEQPACKET)
+                    .map_err(|e| NativeError::Helper(format!("create zygote socket: {e}")))?,
             ),
         };
         let handoff = if plan.handoff_count() > 0 {
             Some(
-                rustix::net::socketpair(
-                    rustix::net::AddressFamily::UNIX,
-                    rustix::net::SocketType::STREAM,
-                    rustix::net::SocketFlags::CLOEXEC,
-                    None,
-                )
-                .map_err(|e| NativeError::Helper(format!("create /out socket: {e}")))?,
+                unix_socket_pair(rustix::net::SocketType::STREAM)
+                    .map_err(|e| NativeError::Helper(format!("create /out socket: {e}")))?,
             )
         } else {
             None
@@ -1161,6 +1151,18 @@ fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: Option<&CgroupManager>) {
             tracing::warn!(job = %name, error = %e, "cannot remove an orphaned job cgroup");
         }
     }
+}
+
+/// A connected pair of close-on-exec unix sockets of `kind`.
+pub(crate) fn unix_socket_pair(
+    kind: rustix::net::SocketType,
+) -> rustix::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        kind,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
 }
 
 fn cloexec_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), NativeError> {

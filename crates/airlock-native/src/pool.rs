@@ -573,14 +573,27 @@ async fn launch_warm(shared: &Shared, zygote: Option<Arc<Zygote>>) -> Result<War
     plan.job_id.clone_from(&name);
     plan.argv = warm_argv(template, &shared.preload).unwrap_or_default();
     plan.control_fd = true;
-    match backend.launch(&name, &plan, true).await {
+    let launched = backend.launch(&name, &plan, true).await;
+    ready_or_removed(name, jobdir, cgroup, launched, None).await
+}
+
+/// The warm sandbox `launched` started, or, when it did not start, its job directory and
+/// cgroup removed and the error.
+async fn ready_or_removed(
+    name: String,
+    jobdir: JobDir,
+    cgroup: Option<JobCgroup>,
+    launched: Result<Launched, NativeError>,
+    zygote: Option<Arc<Zygote>>,
+) -> Result<Warm, NativeError> {
+    match launched {
         Ok(launched) => Ok(Warm {
             name,
             ready_at: Instant::now(),
             launched,
             jobdir,
             cgroup,
-            zygote: None,
+            zygote,
         }),
         Err(e) => {
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
@@ -621,23 +634,10 @@ fn prepare_sandbox(
 async fn launch_forked(shared: &Shared, zygote: Arc<Zygote>) -> Result<Warm, NativeError> {
     let (name, jobdir, cgroup) = prepare_sandbox(shared, "warm")?;
     let send_out_dir = shared.template.filesystem.out.enabled;
-    match zygote
+    let launched = zygote
         .fork(&name, &jobdir, cgroup.as_ref(), send_out_dir)
-        .await
-    {
-        Ok(launched) => Ok(Warm {
-            name,
-            ready_at: Instant::now(),
-            launched,
-            jobdir,
-            cgroup,
-            zygote: Some(zygote),
-        }),
-        Err(e) => {
-            let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
-            Err(e)
-        }
-    }
+        .await;
+    ready_or_removed(name, jobdir, cgroup, launched, Some(zygote)).await
 }
 
 /// How many children of `zygote` are alive (waiting, running, or being forked): every

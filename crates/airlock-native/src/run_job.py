@@ -1,5 +1,7 @@
 def _airlock_run(forked=False):
     import os, sys
+    # A forked job's own modules are those it imports (taken before it arrives).
+    before = frozenset(sys.modules) if forked else None
     chunks = []
     while True:
         chunk = os.read(6, 65536)
@@ -24,7 +26,6 @@ def _airlock_run(forked=False):
                      __annotations__={}, __builtins__=builtins, __file__=path,
                      __cached__=None)
     del builtins, chunks, chunk, message, argv, __main__, SourceFileLoader
-    before = frozenset(sys.modules)
     interrupted = False
     try:
         try:
@@ -73,13 +74,16 @@ def _airlock_run(forked=False):
             sys.excepthook(type(e), e, e.__traceback__)
         del threading
     atexit._run_exitfuncs()
-    flushed = True
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except BaseException:
-            flushed = False
+    def flush():
+        flushed = True
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except BaseException:
+                flushed = False
+        return flushed
+    flushed = flush()
     if gc.isenabled():
         gc.collect()
     namespace.clear()
@@ -87,12 +91,7 @@ def _airlock_run(forked=False):
         del sys.modules[name]
     del code, namespace
     gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except BaseException:
-            flushed = False
+    flushed = flush() and flushed
     if interrupted:
         # As CPython ends on an unhandled KeyboardInterrupt: killed by SIGINT.
         import signal

@@ -30,10 +30,7 @@ def _airlock_zygote():
     # step, and ends that process.
     import os, sys
     keep = frozenset(sys.modules)
-    # The interpreter's and the preloaded modules' objects stay as they are: the garbage
-    # collector of a child then never writes to their pages, which stay shared.
     import gc
-    gc.freeze()
     import ctypes, fcntl, json, resource, select, socket, struct
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -196,6 +193,9 @@ def _airlock_zygote():
         return len(os.listdir("/proc/self/task"))
 
     # The children's plan (SandboxPlan's part for them, zygote.rs ChildPlan), then ready.
+    # What a job process removes from sys.modules: listed here, once, rather than by
+    # looking at every entry in each child (which would copy the pages of them all).
+    machinery = tuple(name for name in sys.modules if name not in keep)
     sock = socket.socket(fileno=control)
     data, _, flags, _ = socket.recv_fds(sock, 1 << 20, 0)
     if not data or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
@@ -402,8 +402,8 @@ def _airlock_zygote():
         tempfile = sys.modules.get("tempfile")
         if tempfile is not None:
             tempfile._name_sequence = None
-        for name in [name for name in sys.modules if name not in keep]:
-            del sys.modules[name]
+        for name in machinery:
+            sys.modules.pop(name, None)
         # Descriptors: stdio, and the control pipe as 6; nothing else of anyone's.
         os.dup2(job_control, control)
         os.close(job_control)
@@ -459,15 +459,17 @@ def _airlock_zygote():
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            # Everything the child inherits is frozen, this program's objects too: its
+            # collector then never writes a shared page, and what is left of this program
+            # in the job is garbage that stays shared (and is never finalized).
+            gc.freeze()
             pid = os.fork()
             if pid == 0:
                 # The zygote's socket object must not close descriptor 6 (the job's) when
                 # the frame holding it goes.
                 sock.detach()
                 if child(fds, threads) is True:
-                    # In the job process: what is left of this program is collected
-                    # before the job is delivered.
-                    return gc.collect
+                    return True
                 os._exit(1)
             for f in fds:
                 os.close(f)
@@ -479,8 +481,6 @@ def _airlock_zygote():
 
 _airlock_zygote_preload({MODULES})
 del _airlock_zygote_preload, _airlock_preload
-_airlock_collect = _airlock_zygote()
-del _airlock_zygote
-_airlock_collect()
-del _airlock_collect
-_airlock_run(True)
+if _airlock_zygote():
+    del _airlock_zygote
+    _airlock_run(True)

@@ -42,6 +42,7 @@ use tokio::sync::mpsc;
 
 use crate::backend::{
     Launched, NativeBackend, STATUS_EVENTS_MAX, await_start, read_events, teardown,
+    unix_socket_pair,
 };
 use crate::error::NativeError;
 use crate::helper::{Helper, HelperInput, HelperOutput};
@@ -693,13 +694,8 @@ impl Zygote {
         let (stderr_read, stderr_write) = pipe()?;
         let (status_read, status_write) = pipe()?;
         let (control_read, control_write) = pipe()?;
-        let (host_end, child_end) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| zygote_io("create the child's socket", &e.into()))?;
+        let (host_end, child_end) = unix_socket_pair(rustix::net::SocketType::SEQPACKET)
+            .map_err(|e| zygote_io("create the child's socket", &e.into()))?;
         rustix::net::sockopt::set_socket_passcred(&host_end, true)
             .map_err(|e| zygote_io("pass credentials on the child's socket", &e.into()))?;
         let mut theirs: Vec<BorrowedFd<'_>> = vec![

@@ -219,25 +219,11 @@ impl Metrics {
             ("miss", now.misses, seen.misses),
             ("unfit", now.unfit, seen.unfit),
         ];
-        for (result, now, before) in jobs {
-            self.warm_jobs
-                .get_or_create(&WarmLabels {
-                    result: result.to_owned(),
-                })
-                .inc_by(now.saturating_sub(before));
-        }
         let sandboxes = [
             ("started", now.started, seen.started),
             ("failed", now.failed, seen.failed),
             ("discarded", now.discarded, seen.discarded),
         ];
-        for (result, now, before) in sandboxes {
-            self.warm_sandboxes
-                .get_or_create(&WarmLabels {
-                    result: result.to_owned(),
-                })
-                .inc_by(now.saturating_sub(before));
-        }
         let zygote = [
             ("hit", now.forked_hits, seen.forked_hits),
             ("forked", now.forked, seen.forked),
@@ -246,12 +232,18 @@ impl Metrics {
             ("failed", now.zygotes_failed, seen.zygotes_failed),
             ("lost", now.zygotes_lost, seen.zygotes_lost),
         ];
-        for (result, now, before) in zygote {
-            self.warm_zygote
-                .get_or_create(&WarmLabels {
-                    result: result.to_owned(),
-                })
-                .inc_by(now.saturating_sub(before));
+        for (family, counts) in [
+            (&self.warm_jobs, &jobs[..]),
+            (&self.warm_sandboxes, &sandboxes[..]),
+            (&self.warm_zygote, &zygote[..]),
+        ] {
+            for (result, now, before) in counts {
+                family
+                    .get_or_create(&WarmLabels {
+                        result: (*result).to_owned(),
+                    })
+                    .inc_by(now.saturating_sub(*before));
+            }
         }
         *seen = now;
     }

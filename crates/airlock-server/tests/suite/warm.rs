@@ -59,7 +59,7 @@ pub(super) async fn hits(server: &Server) -> u64 {
 }
 
 /// What a job can observe about its interpreter, its `__main__` and its sandbox.
-pub(super) const PROBE: &str = r#"
+const PROBE: &str = r#"
 import json, os, sys
 def status(key):
     for line in open("/proc/self/status"):
@@ -80,13 +80,10 @@ print(json.dumps({
 }, sort_keys=True))
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
-    require_server!();
-    let cold = server(0);
-    let warm = server(POOL);
-    wait_ready(&warm, POOL).await;
-    let cases: Vec<Value> = vec![
+/// The jobs whose outcome, output and (the probe's) view of the sandbox a warm or forked
+/// sandbox must give exactly as a fresh one does.
+pub(super) fn equivalence_cases() -> Vec<Value> {
+    vec![
         json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
                "files": [{"path": "data.txt", "content": "data"}]}),
         json!({"language": "python", "code": PROBE,
@@ -100,37 +97,61 @@ async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
         python("# -*- coding: latin-1 -*-\nprint(repr('\u{e9}'))\n"),
         python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"),
         python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
-    ];
+    ]
+}
+
+/// Runs each case on `fresh` and on `other` (a warm pool of `pool`, refilled between
+/// cases) and asserts the same outcome, exit, signal, stderr and stdout; for the probe's
+/// report, the same but for the pid, and for what `adjust(other, fresh)` declares may
+/// differ (it edits the reports to compare).
+pub(super) async fn assert_same_as_fresh(
+    fresh: &Server,
+    other: &Server,
+    cases: &[Value],
+    pool: u64,
+    adjust: impl Fn(&mut Value, &mut Value),
+) {
     for (i, case) in cases.iter().enumerate() {
-        let want = post_run(&cold, None, case).await;
-        let got = post_run(&warm, None, case).await;
-        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
+        let want = post_run(fresh, None, case).await;
+        let got = post_run(other, None, case).await;
+        assert_eq!(want.status, 200, "fresh #{i}: {:#}", want.body);
         assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
         for key in ["ok", "outcome", "exit_code", "signal", "stderr"] {
             assert_eq!(
                 got.body[key], want.body[key],
-                "#{i} {key}: warm {:#} cold {:#}",
+                "#{i} {key}: warm {:#} fresh {:#}",
                 got.body, want.body
             );
         }
-        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
-        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
-            Ok(mut cold_probe) if cold_probe.is_object() => {
+        let (out_warm, out_fresh) = (&got.body["stdout"], &want.body["stdout"]);
+        match serde_json::from_str::<Value>(out_fresh.as_str().unwrap_or("")) {
+            Ok(mut fresh_probe) if fresh_probe.is_object() => {
                 let mut warm_probe: Value =
                     serde_json::from_str(out_warm.as_str().unwrap()).unwrap();
-                // The only thing that may differ: the pid in the job's pid namespace (the
-                // warm sandbox's job process is the same one, started earlier).
-                assert!(warm_probe["pid"].is_u64() && cold_probe["pid"].is_u64());
+                assert!(warm_probe["pid"].is_u64() && fresh_probe["pid"].is_u64());
                 warm_probe["pid"] = Value::Null;
-                cold_probe["pid"] = Value::Null;
-                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
+                fresh_probe["pid"] = Value::Null;
+                adjust(&mut warm_probe, &mut fresh_probe);
+                pretty_assertions::assert_eq!(warm_probe, fresh_probe, "#{i}");
             }
-            _ => assert_eq!(out_warm, out_cold, "#{i}"),
+            _ => assert_eq!(out_warm, out_fresh, "#{i}"),
         }
         // A warm job's setup happened before it was delivered.
         assert!(got.body["duration_ms"].as_u64().is_some(), "{:#}", got.body);
-        wait_ready(&warm, POOL).await;
+        wait_ready(other, pool).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
+    require_server!();
+    let cold = server(0);
+    let warm = server(POOL);
+    wait_ready(&warm, POOL).await;
+    let cases = equivalence_cases();
+    // The only thing that may differ: the pid in the job's pid namespace (the warm
+    // sandbox's job process is the same one, started earlier).
+    assert_same_as_fresh(&cold, &warm, &cases, POOL, |_, _| {}).await;
     assert_eq!(hits(&warm).await, cases.len() as u64, "{}", warm.log());
     assert_eq!(
         metric(&warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::common::*;
-use super::warm::{PROBE, hits, metric, wait_ready};
+use super::warm::{assert_same_as_fresh, equivalence_cases, hits, metric, wait_ready};
 use crate::require_server;
 
 const POOL: u64 = 2;
@@ -43,25 +43,12 @@ async fn zygote_events(server: &Server, result: &str) -> u64 {
     .await
 }
 
-/// Whether this process has `CAP_SYS_RESOURCE` (bit 24 of `CapEff`); the server, started
-/// by it, has what it has.
-fn has_cap_sys_resource() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << 24) != 0)
-}
-
 /// A forked job's `RLIMIT_MSGQUEUE` (docs/speed.md): a fresh job's 819200 bytes where
 /// airlock may raise the ceiling its zygote's children share, else a sixteenth of what
 /// its own hard limit gives, so that no child can take another's.
 fn forked_msgqueue_rlimit() -> u64 {
     const FRESH: u64 = 819_200;
-    if has_cap_sys_resource() {
+    if airlock_testkit::require::has_cap_sys_resource() {
         return FRESH;
     }
     let hard = rustix::process::getrlimit(rustix::process::Resource::Msgqueue)
@@ -157,67 +144,29 @@ async fn forked_jobs_see_exactly_what_fresh_jobs_see() {
     let cold = server_with(policy("", "").replace(&format!("warm_pool = {POOL}"), "warm_pool = 0"));
     let forked = server_with(policy("", ""));
     wait_ready(&forked, POOL).await;
-    let cases: Vec<Value> = vec![
-        json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
-               "files": [{"path": "data.txt", "content": "data"}]}),
-        json!({"language": "python", "code": PROBE,
-               "files": [{"path": "data.txt", "content": "x"}]}),
-        python("def f():\n    raise ValueError('boom')\nf()\n"),
-        python("x = (\n"),
-        python("import sys\nprint('bye')\nsys.exit(3)\n"),
+    // How a forked job ends is the job's own (docs/speed.md): more endings than a warm
+    // sandbox is checked on.
+    let mut cases = equivalence_cases();
+    cases.extend([
         python("import sys\nsys.exit('a message')\n"),
         python("import sys\nsys.exit(300)\n"),
-        python(
-            "import atexit, threading, time\natexit.register(lambda: print('atexit'))\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n",
-        ),
-        python(
-            "import threading, time\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()\nprint('daemon')\n",
-        ),
-        python(
-            "class D:\n    def __del__(self):\n        print('del ran')\nd = D()\nprint('end')\n",
-        ),
+        python("import threading, time\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()\nprint('daemon')\n"),
+        python("class D:\n    def __del__(self):\n        print('del ran')\nd = D()\nprint('end')\n"),
         python("import sys\nprint('x', end='')\nsys.stdout.write('y')\n"),
-        python("# -*- coding: latin-1 -*-\nprint(repr('\u{e9}'))\n"),
-        python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"),
         python("raise KeyboardInterrupt\n"),
-        python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
-    ];
-    for (i, case) in cases.iter().enumerate() {
-        let want = post_run(&cold, None, case).await;
-        let got = post_run(&forked, None, case).await;
-        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
-        assert_eq!(got.status, 200, "forked #{i}: {:#}", got.body);
-        for key in ["ok", "outcome", "exit_code", "signal", "stderr"] {
-            assert_eq!(
-                got.body[key], want.body[key],
-                "#{i} {key}: forked {:#} cold {:#}",
-                got.body, want.body
-            );
-        }
-        let (out_forked, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
-        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
-            Ok(mut cold_probe) if cold_probe.is_object() => {
-                let mut forked_probe: Value =
-                    serde_json::from_str(out_forked.as_str().unwrap()).unwrap();
-                // What may differ: the pid in the job's pid namespace, and where this host
-                // makes the zygote's children share a message-queue ceiling, each one's
-                // share of it (docs/speed.md).
-                assert!(forked_probe["pid"].is_u64() && cold_probe["pid"].is_u64());
-                forked_probe["pid"] = Value::Null;
-                cold_probe["pid"] = Value::Null;
-                let msgqueue = forked_msgqueue_rlimit();
-                assert_eq!(
-                    forked_probe["rlimits"][12],
-                    json!([msgqueue, msgqueue]),
-                    "#{i} RLIMIT_MSGQUEUE"
-                );
-                forked_probe["rlimits"][12] = cold_probe["rlimits"][12].clone();
-                pretty_assertions::assert_eq!(forked_probe, cold_probe, "#{i}");
-            }
-            _ => assert_eq!(out_forked, out_cold, "#{i}"),
-        }
-        wait_ready(&forked, POOL).await;
-    }
+    ]);
+    // What may differ, but for the pid: where this host makes the zygote's children share a
+    // message-queue ceiling, each one's share of it.
+    let msgqueue = forked_msgqueue_rlimit();
+    assert_same_as_fresh(&cold, &forked, &cases, POOL, |forked_probe, cold_probe| {
+        assert_eq!(
+            forked_probe["rlimits"][12],
+            json!([msgqueue, msgqueue]),
+            "RLIMIT_MSGQUEUE"
+        );
+        forked_probe["rlimits"][12] = cold_probe["rlimits"][12].clone();
+    })
+    .await;
     assert_eq!(hits(&forked).await, cases.len() as u64, "{}", forked.log());
     assert_eq!(
         forked_hits(&forked).await,
@@ -345,17 +294,23 @@ async fn two_forked_jobs_draw_different_random_numbers() {
     assert_eq!(hashes.len(), 1, "{draws:?}");
 }
 
-/// Takes as much as it can of each per-user budget (inotify instances, POSIX message
-/// queue bytes in small queues, queued signals), then starts a child whose command line is
-/// `<argv[1]>-held` and holds everything until it is killed.
-const EXHAUST: &str = r#"
-import ctypes, errno, os, signal, sys
+/// What both budget jobs start with: libc, and a small message queue's attributes.
+const BUDGET_PRELUDE: &str = r#"
+import ctypes, errno, json, os, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
 class Attr(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long),
                 ("msgsize", ctypes.c_long), ("curmsgs", ctypes.c_long),
                 ("pad", ctypes.c_long * 4)]
 small = Attr(0, 1, 64, 0)
+def err():
+    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+"#;
+
+/// Takes as much as it can of each per-user budget (inotify instances, POSIX message
+/// queue bytes in small queues, queued signals), then starts a child whose command line is
+/// `<argv[1]>-held` and holds everything until it is killed.
+const EXHAUST: &str = r#"
 took = {}
 fds = []
 while len(fds) < 4096 and libc.inotify_init1(0) >= 0:
@@ -379,17 +334,9 @@ os.waitpid(pid, 0)
 
 /// One of each budget, in a small queue; what each call answered.
 const TAKE_ONE: &str = r#"
-import ctypes, errno, json, os, signal
-libc = ctypes.CDLL(None, use_errno=True)
-class Attr(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long),
-                ("msgsize", ctypes.c_long), ("curmsgs", ctypes.c_long),
-                ("pad", ctypes.c_long * 4)]
-def err():
-    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
 out = {}
 out['inotify'] = 'ok' if libc.inotify_init1(0) >= 0 else err()
-out['mq'] = 'ok' if libc.mq_open(b'/one', os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(Attr(0, 1, 64, 0))) >= 0 else err()
+out['mq'] = 'ok' if libc.mq_open(b'/one', os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(small)) >= 0 else err()
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
 out['sigqueue'] = 'ok' if libc.sigqueue(os.getpid(), signal.SIGRTMIN, ctypes.c_void_p(0)) == 0 else err()
 print(json.dumps(out))
@@ -406,7 +353,8 @@ async fn forked_jobs_cannot_exhaust_each_others_kernel_budgets() {
     let marker = format!("airlock-zygote-budgets-{}", std::process::id());
     let holder = tokio::spawn({
         let url = forked.url("/v1/runs");
-        let body = json!({"language": "python", "code": EXHAUST, "args": [marker.clone()]});
+        let body = json!({"language": "python", "code": format!("{BUDGET_PRELUDE}{EXHAUST}"),
+                          "args": [marker.clone()]});
         async move {
             client()
                 .post(url)
@@ -430,7 +378,12 @@ async fn forked_jobs_cannot_exhaust_each_others_kernel_budgets() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // While the first child holds everything it could take, the second takes its own.
-    let other = post_run(&forked, None, &python(TAKE_ONE)).await;
+    let other = post_run(
+        &forked,
+        None,
+        &python(&format!("{BUDGET_PRELUDE}{TAKE_ONE}")),
+    )
+    .await;
     for pid in host_pids_with(&held) {
         let _ = rustix::process::kill_process(
             rustix::process::Pid::from_raw(pid as i32).unwrap(),
