@@ -752,8 +752,8 @@ impl Zygote {
             airlock_sys::process::async_owned_fd(host_end, tokio::io::Interest::READABLE)
                 .map_err(|e| zygote_io("register the child's socket", &e))?;
         let registered = tokio::time::timeout(FORK_TIMEOUT, receive_registration(&host_end)).await;
-        let pidfd = match registered {
-            Ok(Ok(pidfd)) => pidfd,
+        let registration = match registered {
+            Ok(Ok(registration)) => registration,
             Ok(Err(e)) => {
                 return Err(child_failure(&mut events, e).await);
             }
@@ -767,9 +767,15 @@ impl Zygote {
                 });
             }
         };
-        let mut child =
-            Helper::adopt(pidfd).map_err(|e| zygote_io("hold the child's pidfd", &e))?;
+        let registered_at = spawned_at.elapsed();
+        let mut child = Helper::adopt(registration.pidfd)
+            .map_err(|e| zygote_io("hold the child's pidfd", &e))?;
         let started_at = await_start(label, &mut events, &mut child).await?;
+        tracing::debug!(sandbox = %label,
+            registered_us = registered_at.as_micros() as u64,
+            cgroup_move_us = registration.cgroup_move.as_micros() as u64,
+            ready_us = started_at.saturating_duration_since(spawned_at).as_micros() as u64,
+            "forked sandbox ready");
         let host_end = host_end.into_inner();
         let out_dir = if send_out_dir {
             let out = crate::handoff::receive_handoff(&host_end)
@@ -924,26 +930,32 @@ async fn receive_reply(socket: &AsyncFd<OwnedFd>) -> Result<Vec<u8>, NativeError
     }
 }
 
-/// Receives a child's registration: a pidfd of itself, whose process must be the one the
-/// kernel names as the sender.
-async fn receive_registration(socket: &AsyncFd<OwnedFd>) -> Result<OwnedFd, NativeError> {
+/// A child's registration: its pidfd, and how long its move into its cgroup took.
+struct Registration {
+    pidfd: OwnedFd,
+    cgroup_move: Duration,
+}
+
+/// Receives a child's registration (`p<microseconds of its cgroup move>` with a pidfd of
+/// itself), whose pidfd must be of the process the kernel names as the sender.
+async fn receive_registration(socket: &AsyncFd<OwnedFd>) -> Result<Registration, NativeError> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1), ScmCredentials(1))];
-    let mut byte = [0u8; 1];
+    let mut message = [0u8; 32];
     loop {
         let mut guard = socket
             .readable()
             .await
             .map_err(|e| zygote_io("read the child's registration", &e))?;
         let mut control = RecvAncillaryBuffer::new(&mut space);
-        let mut iov = [io::IoSliceMut::new(&mut byte)];
+        let mut iov = [io::IoSliceMut::new(&mut message)];
         let received = rustix::net::recvmsg(
             socket.get_ref(),
             &mut iov,
             &mut control,
             RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
         );
-        match received {
+        let length = match received {
             Err(rustix::io::Errno::AGAIN) => {
                 guard.clear_ready();
                 continue;
@@ -955,8 +967,8 @@ async fn receive_registration(socket: &AsyncFd<OwnedFd>) -> Result<OwnedFd, Nati
                     detail: "the child ended before it registered".into(),
                 });
             }
-            Ok(_) => {}
-        }
+            Ok(r) => r.bytes,
+        };
         let mut pidfd = None;
         let mut sender = None;
         for message in control.drain() {
@@ -966,10 +978,13 @@ async fn receive_registration(socket: &AsyncFd<OwnedFd>) -> Result<OwnedFd, Nati
                 _ => {}
             }
         }
-        let (Some(pidfd), Some(sender), b'p') = (pidfd, sender, byte[0]) else {
+        let moved_us = message[..length.min(message.len())]
+            .strip_prefix(b"p")
+            .and_then(|digits| std::str::from_utf8(digits).ok()?.parse::<u64>().ok());
+        let (Some(pidfd), Some(sender), Some(moved_us)) = (pidfd, sender, moved_us) else {
             return Err(NativeError::Zygote {
                 step: "register",
-                detail: "the child's registration lacks its pidfd or credentials".into(),
+                detail: "the child's registration lacks its pidfd, credentials or figure".into(),
             });
         };
         let held = pidfd_pid(&pidfd)?;
@@ -982,7 +997,10 @@ async fn receive_registration(socket: &AsyncFd<OwnedFd>) -> Result<OwnedFd, Nati
                 ),
             });
         }
-        return Ok(pidfd);
+        return Ok(Registration {
+            pidfd,
+            cgroup_move: Duration::from_micros(moved_us),
+        });
     }
 }
 
