@@ -342,7 +342,7 @@ def main():
                 f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
     policy_warm = os.path.join(work, "policy-warm.toml")
     with open(policy_warm, "w") as f:
-        f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\n'
+        f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\nzygote = false\n'
                 f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
     policy_zygote = os.path.join(work, "policy-zygote.toml")
     with open(policy_zygote, "w") as f:

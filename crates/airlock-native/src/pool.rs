@@ -404,6 +404,9 @@ impl PooledNative {
         }
         let message = control_message(&self.shared.template, job);
         let setup = delivered_at.elapsed();
+        tracing::debug!(job_id = %job.id, sandbox = %name,
+            sandbox_cpu_us = cpu_before.as_micros() as u64,
+            "CPU the sandbox used before its job (left out of the job's)");
         let supervised = backend
             .finish(job, launched, tap, None, Some(message))
             .await

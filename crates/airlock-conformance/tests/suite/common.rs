@@ -293,10 +293,11 @@ impl Target {
         } else {
             "rootfs = \"host\"".to_owned()
         };
-        let native = if self.kind == Kind::Zygote {
-            "[native]\nzygote = true\n"
-        } else {
-            ""
+        // The warm kinds pin how their sandboxes are made, whatever the default.
+        let native = match self.kind {
+            Kind::Zygote => "[native]\nzygote = true\n",
+            Kind::Warm => "[native]\nzygote = false\n",
+            _ => "",
         };
         let text = format!(
             "version = \"test-1\"\n[limits]\n{limits}\n[filesystem]\n{rootfs}\n{filesystem}\n\

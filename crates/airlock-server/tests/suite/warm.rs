@@ -1,7 +1,8 @@
 //! The warm pool (`[native] warm_pool`): jobs delivered to sandboxes started ahead of
 //! time see exactly what a job in a fresh sandbox sees, one job per sandbox, with the
 //! wall clock from delivery; jobs it does not fit run fresh; dead warm sandboxes are
-//! replaced; nothing is left behind at shutdown.
+//! replaced; nothing is left behind at shutdown. These are the sandboxes started from
+//! scratch (`zygote = false`); suite::zygote has the forked ones.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -15,7 +16,8 @@ const POOL: u64 = 2;
 
 fn policy(warm_pool: u64) -> String {
     format!(
-        "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = {warm_pool}\n"
+        "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = {warm_pool}\n\
+         zygote = false\n"
     )
 }
 
@@ -367,7 +369,7 @@ async fn a_dead_warm_sandbox_is_replaced_and_shutdown_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_sandbox_idle_past_its_lifetime_is_replaced() {
     require_server!();
-    let text = "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\nwarm_idle = \"1s\"\n";
+    let text = "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\nwarm_idle = \"1s\"\nzygote = false\n";
     let warm = Server::start(Opts {
         args: ["--policy", "warm.toml"].map(String::from).to_vec(),
         files: vec![("warm.toml".into(), text.to_owned())],

@@ -556,6 +556,18 @@ async fn a_killed_server_leaves_no_zygote_running() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zygote_is_on_by_default() {
+    require_server!();
+    let forked = server_with(format!(
+        "version = \"zygote-default\"\n[native]\nwarm_pool = {POOL}\n"
+    ));
+    wait_ready(&forked, POOL).await;
+    let answer = post_run(&forked, None, &python("print(1)")).await;
+    assert_eq!(answer.body["stdout"], "1\n");
+    assert_eq!(forked_hits(&forked).await, 1, "{}", forked.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zygote_false_starts_every_warm_sandbox_from_scratch() {
     require_server!();
     let warm = server_with(policy("", "").replace("zygote = true", "zygote = false"));
