@@ -344,7 +344,8 @@ def _airlock_zygote():
                                 "usage": usage})
             else:
                 continue
-            return
+            # At once: unwinding this program's frames would write to shared pages.
+            os._exit(0)
 
     def job_process(status, ready, job_control):
         try:
