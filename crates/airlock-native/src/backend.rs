@@ -52,7 +52,9 @@ pub const CORE_RLIMIT_BYTES: u64 = 1;
 /// The job's environment: its own, plus in proxy mode where the proxy is.
 fn job_env(job: &JobSpec) -> Vec<(String, String)> {
     match job.network {
-        NetworkMode::Proxy => airlock_core::job::with_proxy_env(&job.env, PROXY_PORT),
+        NetworkMode::Proxy => {
+            airlock_core::job::proxy_env(&job.env, PROXY_PORT, &job.network_policy)
+        }
         NetworkMode::None => job.env.clone(),
     }
 }
@@ -317,11 +319,15 @@ impl NativeBackend {
         })
     }
 
+    /// The sandbox's plan. `trust_bundle`: the job's CA bundle on the host, when the
+    /// proxy intercepts TLS (bound over the root's bundle; a root without one refuses
+    /// the job).
     pub(crate) fn plan(
         &self,
         job: &JobSpec,
         jobdir: &JobDir,
         cgroup: Option<&JobCgroup>,
+        trust_bundle: Option<&Path>,
     ) -> Result<SandboxPlan, NativeError> {
         let layout = match &job.filesystem.rootfs {
             RootfsSpec::Host => self.minimal_layout(job)?,
@@ -348,6 +354,14 @@ impl NativeBackend {
                     .map_err(|source| NativeError::Rootfs { path: tree, source })?
             }
         };
+        if trust_bundle.is_some() {
+            layout
+                .check_trust_bundle_target()
+                .map_err(|reason| NativeError::Unsupported {
+                    control: "TLS interception",
+                    reason,
+                })?;
+        }
         let mounts = mount_plan::build_mount_plan(
             &layout,
             &JobMounts {
@@ -359,6 +373,7 @@ impl NativeBackend {
                     // Every released file needs an inode; directories need some too.
                     inodes: u64::from(job.filesystem.out.max_files) + OUT_SPARE_INODES,
                 }),
+                trust_bundle: trust_bundle.map(Path::to_path_buf),
             },
         );
         let cpu_secs = (job.limits.timeout.as_secs_f64() * f64::from(job.limits.cpus.millis())
@@ -461,8 +476,12 @@ impl NativeBackend {
         let proxy_config = proxy_config(job)?;
         tracing::debug!(job_id = %job.id, "creating sandbox");
         let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
+        let trust_bundle = match proxy_config.as_ref().and_then(|c| c.trust_bundle_pem()) {
+            Some(pem) => Some(jobdir.write_trust_bundle(pem)?),
+            None => None,
+        };
         let cgroup = self.create_cgroup(job.id.as_str(), job)?;
-        let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
+        let plan = self.plan(job, &jobdir, cgroup.as_ref(), trust_bundle.as_deref())?;
         tracing::debug!(job_id = %job.id, "plan ready");
         let supervised = match self
             .launch(job.id.as_str(), &plan, job.stdin.is_some())

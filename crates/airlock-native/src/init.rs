@@ -720,6 +720,9 @@ fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
             let path = root.join(target);
             if meta.is_dir() {
                 mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
+            } else if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                // A file of a read-only root (the CA bundle): mounted over as it is, since
+                // opening it to create it would fail there.
             } else {
                 if let Some(parent) = path.parent() {
                     mkdir_all(parent, 0o755).step(|| format!("mkdir for /{target}"))?;

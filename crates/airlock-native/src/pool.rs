@@ -566,7 +566,7 @@ async fn launch_warm(shared: &Shared, zygote: Option<Arc<Zygote>>) -> Result<War
     let (name, jobdir, cgroup) = prepare_sandbox(shared, "warm")?;
     let backend = &shared.backend;
     let template = &shared.template;
-    let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref()) {
+    let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref(), None) {
         Ok(plan) => plan,
         Err(e) => {
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;

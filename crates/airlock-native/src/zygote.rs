@@ -467,7 +467,7 @@ impl Zygote {
             tracing::warn!(zygote = %name, error = %e,
                 "cannot lower a zygote's CPU priority; it runs at normal priority");
         }
-        let plan = match backend.plan(template, &jobdir, cgroup.as_ref()) {
+        let plan = match backend.plan(template, &jobdir, cgroup.as_ref(), None) {
             Ok(plan) => plan,
             Err(e) => {
                 remove_quietly(cgroup, jobdir).await;

@@ -26,6 +26,8 @@
 
 mod oci;
 
+pub use oci::OciRuntime;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -270,12 +272,9 @@ impl SeccompPolicy {
     /// Renders the policy as one OCI seccomp profile (JSON text, for Docker's `SecurityOpt:
     /// seccomp=…`, Podman's profile file and a Kubernetes `Localhost` profile).
     ///
-    /// `allow_clone3`: gVisor answers every `SCMP_ACT_ERRNO` of an OCI profile with `EPERM`
-    /// (its runsc of 2022 ignores `errnoRet`), on which glibc gives up creating threads
-    /// instead of falling back to `clone`. There `clone3` is allowed: its namespace flags
-    /// create namespaces of gVisor's own kernel, never of the host's.
-    pub fn to_oci_profile(&self, allow_clone3: bool) -> Result<String, SeccompError> {
-        oci::to_oci_profile(self, allow_clone3)
+    /// `runtime` says which kernel enforces it: see [`OciRuntime`] for the rules that differ.
+    pub fn to_oci_profile(&self, runtime: OciRuntime) -> Result<String, SeccompError> {
+        oci::to_oci_profile(self, runtime)
     }
 
     fn filter(&self, name: FilterName) -> Result<&PolicyFilter, SeccompError> {

@@ -543,6 +543,49 @@ pub fn airlock_containers(kind: Kind, job: Option<&str>) -> Vec<String> {
         .collect()
 }
 
+/// `airlock run --json --net proxy --backend KIND --policy POLICY ARGS...` with `values`
+/// (a secret's real value, by its `value_env`) in airlock's environment.
+pub fn run_proxy_job(t: &Target, policy: &Path, values: &[(&str, &str)], args: &[&str]) -> JsonRun {
+    let mut cmd = t.cmd();
+    for (name, value) in values {
+        cmd.env(name, value);
+    }
+    cmd.args([
+        "run",
+        "--json",
+        "--net",
+        "proxy",
+        "--backend",
+        t.kind.backend(),
+        "--policy",
+    ])
+    .arg(policy)
+    .args(args);
+    json_run(cmd.output().unwrap())
+}
+
+/// The observation of a proxy job that ran; `None` on a backend that refuses proxy jobs
+/// (gVisor, kube), after checking that it refused and said why.
+pub fn proxy_job_ran(t: &Target, run: JsonRun) -> Option<Value> {
+    if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
+        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+        assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
+        assert!(
+            run.obs["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("proxy")
+        );
+        return None;
+    }
+    assert_eq!(
+        run.obs["outcome"], "exited",
+        "{:#}\n{}",
+        run.obs, run.stderr
+    );
+    Some(run.obs)
+}
+
 /// Asserts an error observation of `kind`, exit code 125.
 pub fn assert_error(run: &JsonRun, kind: &str) {
     assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
