@@ -444,22 +444,10 @@ async fn warm_sandboxes_wait_at_the_lowest_cpu_priority_and_jobs_run_at_normal()
     }
 
     // While the job runs in that sandbox, its group competes as any job's does.
-    let job = tokio::spawn({
-        let url = warm.url("/v1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&python(
-                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let job = spawn_run(
+        &warm,
+        python("import time\nprint('running', flush=True)\ntime.sleep(2)\n"),
+    );
     let start = Instant::now();
     let mut seen = None;
     while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {

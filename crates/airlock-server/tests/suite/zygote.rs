@@ -351,22 +351,11 @@ async fn forked_jobs_cannot_exhaust_each_others_kernel_budgets() {
     );
     wait_ready(&forked, 2).await;
     let marker = format!("airlock-zygote-budgets-{}", std::process::id());
-    let holder = tokio::spawn({
-        let url = forked.url("/v1/runs");
-        let body = json!({"language": "python", "code": format!("{BUDGET_PRELUDE}{EXHAUST}"),
-                          "args": [marker.clone()]});
-        async move {
-            client()
-                .post(url)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let holder = spawn_run(
+        &forked,
+        json!({"language": "python", "code": format!("{BUDGET_PRELUDE}{EXHAUST}"),
+               "args": [marker.clone()]}),
+    );
     let held = format!("{marker}-held");
     let start = Instant::now();
     while host_pids_with(&held).is_empty() {
@@ -385,10 +374,7 @@ async fn forked_jobs_cannot_exhaust_each_others_kernel_budgets() {
     )
     .await;
     for pid in host_pids_with(&held) {
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(pid as i32).unwrap(),
-            rustix::process::Signal::KILL,
-        );
+        kill_pid(pid);
     }
     let first = holder.await.unwrap();
     let took = first["stdout"].as_str().unwrap_or_default().to_owned();
@@ -412,30 +398,14 @@ async fn a_dead_zygote_is_replaced_and_the_jobs_of_its_children_finish() {
     let forked = server_with(policy("", ""));
     wait_ready(&forked, POOL).await;
     // A job running in a child of the zygote while the zygote dies.
-    let running = tokio::spawn({
-        let url = forked.url("/v1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&python(
-                    "import time\nprint('started', flush=True)\ntime.sleep(1.5)\nprint('done')\n",
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let running = spawn_run(
+        &forked,
+        python("import time\nprint('started', flush=True)\ntime.sleep(1.5)\nprint('done')\n"),
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let zygotes = zygote_pids(forked.pid());
     assert_eq!(zygotes.len(), 1, "{zygotes:?}\n{}", forked.log());
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(zygotes[0] as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    assert!(kill_pid(zygotes[0]));
     let body = running.await.unwrap();
     assert_eq!(body["stdout"], "started\ndone\n", "{body:#}");
     assert_eq!(body["outcome"], "exited");
@@ -537,11 +507,7 @@ async fn a_killed_server_leaves_no_zygote_running() {
     wait_ready(&forked, POOL).await;
     let zygotes = zygote_pids(forked.pid());
     assert_eq!(zygotes.len(), 1, "{zygotes:?}");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(forked.pid() as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    assert!(kill_pid(forked.pid()));
     forked.wait(Duration::from_secs(10));
     // Every sandbox helper dies with the server, each init with its helper, and every
     // process of a pid namespace with its init: the zygote and its waiting children too.
