@@ -546,3 +546,43 @@ async fn zygote_false_starts_every_warm_sandbox_from_scratch() {
         assert_eq!(zygote_events(&warm, result).await, 0, "{result}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zygote_that_imported_a_thread_is_refused_and_sandboxes_start_from_scratch() {
+    require_server!();
+    // A package directory whose one module starts a thread when imported (outside /tmp:
+    // the minimal root refuses directories a job's own mounts would hide).
+    let packages = tempfile::Builder::new()
+        .prefix("airlock-zygote-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(
+        packages.path().join("starts_a_thread.py"),
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n",
+    )
+    .unwrap();
+    let warm = server_with(policy(
+        "warm_preload = [\"starts_a_thread\"]",
+        &format!(
+            "[filesystem]\nsite_packages = [\"{}\"]\n",
+            packages.path().display()
+        ),
+    ));
+    wait_for("a zygote refused", &warm, 60, async || {
+        zygote_events(&warm, "failed").await >= 1
+    })
+    .await;
+    assert!(
+        warm.log().contains("threads after its imports"),
+        "{}",
+        warm.log()
+    );
+    // The pool fills from scratch meanwhile, and its jobs run as they would.
+    wait_ready(&warm, POOL).await;
+    let answer = post_run(&warm, None, &python("import starts_a_thread\nprint('ran')")).await;
+    assert_eq!(answer.body["stdout"], "ran\n", "{:#}", answer.body);
+    assert_eq!(hits(&warm).await, 1, "{}", warm.log());
+    assert_eq!(forked_hits(&warm).await, 0);
+    assert_eq!(zygote_events(&warm, "forked").await, 0);
+    assert_eq!(zygote_pids(warm.pid()), Vec::<u32>::new());
+}
