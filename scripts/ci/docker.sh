@@ -120,7 +120,7 @@ cargo nextest run --locked --no-run -p airlock-conformance >/dev/null 2>&1 \
   || cargo nextest run --locked --no-run -p airlock-conformance
 lap build
 status=0
-for backend in native warm docker gvisor podman; do
+for backend in native warm zygote docker gvisor podman; do
   log "conformance suite: $backend"
   b0=$(date +%s)
   cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" \
@@ -146,4 +146,4 @@ if [ "$status" != 0 ]; then
   log "conformance FAILED"
   exit 1
 fi
-log "conformance passed on native, native warm (airlock run --warm), docker, gvisor and podman"
+log "conformance passed on native, native warm (airlock run --warm), native forked from a zygote (--warm with [native] zygote), docker, gvisor and podman"

@@ -187,7 +187,7 @@ lap "airlock-oci tests"
 export AIRLOCK_TEST_IMAGE="$image_name@$id"
 # The native backend runs the same image from the store (AIRLOCK_TEST_OCI_STORE above).
 export AIRLOCK_TEST_NATIVE_IMAGE="$image_name@$id"
-for backend in native warm docker gvisor; do
+for backend in native warm zygote docker gvisor; do
   log "conformance suite on $backend with $AIRLOCK_TEST_IMAGE"
   b0=$(date +%s)
   cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" --no-fail-fast \
@@ -202,4 +202,4 @@ if [ "$status" != 0 ]; then
   log "images FAILED"
   exit 1
 fi
-log "images passed: $image_name@$id on native (fresh and warm), docker and gvisor; pull by digest from $registry"
+log "images passed: $image_name@$id on native (fresh, warm and forked), docker and gvisor; pull by digest from $registry"
