@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The conformance suite against every backend: native, docker (runc), gvisor (runsc),
 # podman (runc), and each one's warm path (a job delivered to a sandbox or container
-# started before it: native warm, warm_docker, warm_gvisor, warm_podman), then the warm
+# started before it: native warm, zygote (native, forked from a zygote), warm_docker,
+# warm_gvisor, warm_podman), then the warm
 # containers through `airlock serve` (airlock-server's tests that need the engines). As
 # root on Debian 12. Installs Docker, gVisor and Podman from Debian,
 # starts a dockerd and `podman system service`s of its own, on their own sockets with
@@ -123,7 +124,7 @@ cargo nextest run --locked --no-run -p airlock-conformance -p airlock-server >/d
   || cargo nextest run --locked --no-run -p airlock-conformance -p airlock-server
 lap build
 status=0
-for backend in native warm docker gvisor podman warm_docker warm_gvisor warm_podman; do
+for backend in native warm zygote docker gvisor podman warm_docker warm_gvisor warm_podman; do
   log "conformance suite: $backend"
   b0=$(date +%s)
   cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" \
@@ -158,4 +159,4 @@ if [ "$status" != 0 ]; then
   log "conformance FAILED"
   exit 1
 fi
-log "conformance passed on native, docker, gvisor and podman, cold and warm (airlock run --warm), and warm containers through airlock serve"
+log "conformance passed on native (fresh, warm with airlock run --warm, and forked from a zygote), docker, gvisor and podman (cold and warm), and warm containers through airlock serve"

@@ -33,6 +33,8 @@ cli_tests=(
   suite::probe::probe_sees_a_locked_down_sandbox
   suite::basics::readme_hello_job_prints_45
   suite::basics::on_cgroup_v2_the_sandbox_is_created_inside_its_cgroup
+  suite::zygote::a_forked_job_is_held_by_its_own_cgroup
+  suite::zygote::a_forked_job_runs_locked_down_in_namespaces_of_its_own
 )
 
 target_dir="${CARGO_TARGET_DIR:-}"

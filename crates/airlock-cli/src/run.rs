@@ -98,7 +98,8 @@ pub struct RunArgs {
     /// the interpreter are started first, then the job is delivered. Slower than a plain
     /// run; for the conformance suite and for diagnosing the warm path. Python jobs on the
     /// native, docker, gvisor and podman backends (a warm container there). Says on stderr
-    /// whether the job ran warm.
+    /// whether the job ran warm (natively with `[native] zygote`: in a sandbox forked from
+    /// a zygote).
     #[arg(long, hide = true)]
     warm: bool,
 
@@ -334,7 +335,9 @@ async fn run_warm(
     }
     let outcome = engine.run_until(request, None, interrupted(), None).await;
     if let Some(stats) = engine.warm_pool() {
-        if stats.hits == 1 {
+        if stats.forked_hits == 1 {
+            eprintln!("airlock: --warm: the job ran in a sandbox forked from a zygote");
+        } else if stats.hits == 1 {
             eprintln!("airlock: --warm: the job ran in a warm sandbox");
         } else if outcome.observation.error.is_none() {
             eprintln!("airlock: --warm: the job ran in a fresh sandbox");

@@ -21,11 +21,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use airlock_cgroup::{CpuPriority, Hierarchy};
 use airlock_core::warm::python::{self, WarmStdin};
-use airlock_core::warm::{WarmPool, WarmSandboxes};
+use airlock_core::warm::{WarmPool, WarmPoolConfig, WarmSandboxes};
 use airlock_core::{
     Backend, BackendKind, BoxFuture, Capabilities, JobId, JobSpec, OutputTap, RunReport, Teardown,
 };
@@ -43,14 +43,13 @@ use crate::spec;
 /// A container backend with a pool of warm containers for one language's jobs.
 pub type PooledContainers = WarmPool<WarmContainers>;
 
-/// Keeps `size` containers started for jobs like `template` (a job of the pool's language
-/// with the policy's defaults), starting them in the background; one unused for `idle_max`
-/// is removed and replaced. Must be called inside a tokio runtime.
+/// Keeps `config.size` containers started for jobs like `template` (a job of the pool's
+/// language with the policy's defaults), starting them in the background; one unused for
+/// `config.idle_max` is removed and replaced. Must be called inside a tokio runtime.
 pub fn start(
     backend: Arc<DockerBackend>,
     template: JobSpec,
-    size: usize,
-    idle_max: Duration,
+    config: WarmPoolConfig,
 ) -> Result<PooledContainers, DockerError> {
     let flavor = backend.config().flavor;
     let refuse = |reason: String| DockerError::WarmPool {
@@ -78,7 +77,7 @@ pub fn start(
         argv,
         hierarchy,
     };
-    Ok(WarmPool::start(Arc::new(containers), size, idle_max))
+    Ok(WarmPool::start(Arc::new(containers), config))
 }
 
 /// How a container backend's warm containers start, wait and take their job: the pool's

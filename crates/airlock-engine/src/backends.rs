@@ -38,7 +38,8 @@ pub fn open_with(
             let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
             let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
             let mut size = loaded.policy.native.warm_pool;
-            if options.warm_template.is_some() {
+            let single_job = options.warm_template.is_some();
+            if single_job {
                 size = size.max(1);
             }
             if !options.warm_pool || size == 0 {
@@ -49,16 +50,17 @@ pub fn open_with(
                 options.warm_template,
                 &loaded.policy.native.warm_language,
             )?;
-            let pool = airlock_native::pool::start(
-                Arc::new(backend),
-                template,
-                size as usize,
-                loaded.policy.native.warm_idle,
-                loaded.policy.native.warm_preload.clone(),
-            )
-            .map_err(BackendError::from)?;
+            let config = airlock_native::PoolConfig {
+                size: size as usize,
+                idle_max: loaded.policy.native.warm_idle,
+                preload: loaded.policy.native.warm_preload.clone(),
+                zygote: loaded.policy.native.zygote,
+                starts_max: starts_max(single_job),
+            };
+            let pool = airlock_native::pool::start(Arc::new(backend), template, config)
+                .map_err(BackendError::from)?;
             tracing::info!(size, language = %loaded.policy.native.warm_language,
-                "keeping warm sandboxes started");
+                zygote = loaded.policy.native.zygote, "keeping warm sandboxes started");
             Ok(Arc::new(pool))
         }
         BackendKind::Docker | BackendKind::Podman | BackendKind::Gvisor => {
@@ -70,7 +72,8 @@ pub fn open_with(
             })?;
             let docker = &loaded.policy.docker;
             let mut size = docker.warm_pool_of(kind);
-            if options.warm_template.is_some() {
+            let single_job = options.warm_template.is_some();
+            if single_job {
                 size = size.max(1);
             }
             if !options.warm_pool || size == 0 {
@@ -81,13 +84,13 @@ pub fn open_with(
             let backend = airlock_docker::DockerBackend::new(config).map_err(BackendError::from)?;
             let template =
                 warm_template(&loaded.policy, options.warm_template, &docker.warm_language)?;
-            let pool = airlock_docker::warm::start(
-                Arc::new(backend),
-                template,
-                size as usize,
-                docker.warm_idle,
-            )
-            .map_err(BackendError::from)?;
+            let config = airlock_core::warm::WarmPoolConfig {
+                size: size as usize,
+                idle_max: docker.warm_idle,
+                starts_max: starts_max(single_job),
+            };
+            let pool = airlock_docker::warm::start(Arc::new(backend), template, config)
+                .map_err(BackendError::from)?;
             tracing::info!(size, backend = %kind, language = %docker.warm_language,
                 "keeping warm containers started");
             Ok(Arc::new(pool))
@@ -102,6 +105,12 @@ pub fn open_with(
             ),
         )),
     }
+}
+
+/// The bound on a pool's starts: one job (`airlock run --warm`) gets one sandbox, and no
+/// replacement after it.
+fn starts_max(single_job: bool) -> Option<u64> {
+    single_job.then_some(1)
 }
 
 /// The job warm sandboxes are built for: `request` (`airlock run --warm`'s job), else an

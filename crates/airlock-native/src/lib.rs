@@ -16,7 +16,8 @@ pub mod minimal_root;
 mod mount_plan;
 pub mod plan;
 pub mod pool;
+pub mod zygote;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;
-pub use pool::{NativeWarm, PooledNative};
+pub use pool::{NativeWarm, PoolConfig, PooledNative};

@@ -12,63 +12,148 @@
 //! with the container backends) starts a replacement in the background. A job the template
 //! does not fit (other limits, environment, network, `/out`, language) runs in a fresh
 //! sandbox as always.
+//!
+//! What is the native backend's own is how a sandbox starts: with `[native] zygote`, forked
+//! from the pool's zygote ([`crate::zygote`]), which this side of the pool starts, replaces
+//! once dead or past the idle lifetime (backing off while its starts fail), and removes
+//! once retired and childless; from scratch when there is no zygote, when it has as many
+//! children as it may, or when a fork fails. The zygote changes how fast a sandbox is
+//! ready, never whether.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_cgroup::{CpuPriority, JobCgroup};
 use airlock_core::warm::python::{self, WarmStdin};
-use airlock_core::warm::{WarmPool, WarmSandboxes};
+use airlock_core::warm::{REFILL_BACKOFF_MIN, WarmPool, WarmPoolConfig, WarmSandboxes};
 use airlock_core::{
     BackendKind, BoxFuture, Capabilities, JobId, JobSpec, OutputTap, RunReport, Teardown,
+    WarmPoolStats,
 };
 
 use crate::backend::{Launched, NativeBackend, teardown};
 use crate::error::NativeError;
-use crate::plan::CONTROL_FD;
+use crate::plan::{CONTROL_FD, IdMapping};
+use crate::zygote::{ZYGOTE_CHILDREN_MAX, Zygote};
 use airlock_host::jobdir::JobDir;
+
+/// Longest wait before a zygote is started again after its start failed.
+const ZYGOTE_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// The native backend with a pool of warm sandboxes for one language's jobs.
 pub type PooledNative = WarmPool<NativeWarm>;
 
-/// Keeps `size` sandboxes started for jobs like `template` (a job of the pool's language
-/// with the policy's defaults), starting them in the background; one unused for
-/// `idle_max` is torn down and replaced. Must be called inside a tokio runtime.
+/// How a pool of warm native sandboxes is kept.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Sandboxes kept ready ([native] warm_pool).
+    pub size: usize,
+    /// Longest a sandbox (or a zygote) waits before it is replaced ([native] warm_idle).
+    pub idle_max: Duration,
+    /// Modules each warm interpreter, or the zygote, imports ([native] warm_preload).
+    pub preload: Vec<String>,
+    /// Whether sandboxes are forked from a zygote ([native] zygote).
+    pub zygote: bool,
+    /// Most sandboxes ever started, `None` for no bound: `airlock run --warm` starts one,
+    /// for its one job, and no replacement after it.
+    pub starts_max: Option<u64>,
+}
+
+/// Keeps `config.size` sandboxes started for jobs like `template` (a job of the pool's
+/// language with the policy's defaults), starting them in the background; one unused for
+/// `config.idle_max` is torn down and replaced. Must be called inside a tokio runtime.
 pub fn start(
     backend: Arc<NativeBackend>,
     template: JobSpec,
-    size: usize,
-    idle_max: Duration,
-    preload: Vec<String>,
+    config: PoolConfig,
 ) -> Result<PooledNative, NativeError> {
+    let PoolConfig {
+        size,
+        idle_max,
+        preload,
+        zygote,
+        starts_max,
+    } = config;
     if let Some(reason) = python::unsupported_template(&template) {
         return Err(NativeError::Unsupported {
             control: "warm pool",
             reason,
         });
     }
+    let zygote = zygote && {
+        let root = matches!(backend.id_mapping(), IdMapping::Root { .. });
+        if !root {
+            tracing::warn!(
+                "[native] zygote needs a root airlock; warm sandboxes start from scratch"
+            );
+        }
+        root
+    };
     let argv = python::warm_argv(&template, &preload, CONTROL_FD).unwrap_or_default();
     let sandboxes = NativeWarm {
         backend,
         template,
         argv,
+        preload,
+        idle_max,
+        zygote,
+        zygotes: Mutex::new(Zygotes::default()),
+        counters: ZygoteCounters::default(),
     };
-    Ok(WarmPool::start(Arc::new(sandboxes), size, idle_max))
+    let config = WarmPoolConfig {
+        size,
+        idle_max,
+        starts_max,
+    };
+    Ok(WarmPool::start(Arc::new(sandboxes), config))
 }
 
-/// How the native backend's warm sandboxes start, wait and take their job: the pool's side
-/// of [`PooledNative`].
+/// How the native backend's warm sandboxes start (forked from a zygote or from scratch),
+/// wait and take their job: the pool's side of [`PooledNative`].
 pub struct NativeWarm {
     backend: Arc<NativeBackend>,
     template: JobSpec,
-    /// The warm program: the template's interpreter and flags running the bootstrap.
+    /// The warm program of a sandbox started from scratch: the template's interpreter and
+    /// flags running the bootstrap.
     argv: Vec<String>,
+    /// Modules each warm interpreter, or the zygote, imports ([native] warm_preload).
+    preload: Vec<String>,
+    /// Past it a zygote is replaced, as a waiting sandbox is.
+    idle_max: Duration,
+    /// Whether sandboxes are forked from a zygote ([native] zygote).
+    zygote: bool,
+    zygotes: Mutex<Zygotes>,
+    counters: ZygoteCounters,
+}
+
+/// The zygote's figures (the pool counts the rest).
+#[derive(Default)]
+struct ZygoteCounters {
+    forked_hits: AtomicU64,
+    forked: AtomicU64,
+    fork_failed: AtomicU64,
+    zygotes_started: AtomicU64,
+    zygotes_failed: AtomicU64,
+    zygotes_lost: AtomicU64,
+}
+
+/// The pool's zygotes ([native] zygote): the one it forks from, and those retired
+/// (idle past their lifetime, or dead) whose children still run.
+#[derive(Default)]
+struct Zygotes {
+    active: Option<Arc<Zygote>>,
+    retired: Vec<Arc<Zygote>>,
+    /// No new zygote is started before this, after one failed to start.
+    retry_at: Option<Instant>,
+    backoff: Duration,
 }
 
 impl std::fmt::Debug for NativeWarm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NativeWarm")
             .field("language", &self.template.language)
+            .field("zygote", &self.zygote)
             .finish_non_exhaustive()
     }
 }
@@ -79,26 +164,31 @@ pub struct WaitingSandbox {
     launched: Launched,
     jobdir: JobDir,
     cgroup: Option<JobCgroup>,
+    /// The zygote it was forked from, kept until the sandbox is removed: its template
+    /// sandbox must outlive every child.
+    zygote: Option<Arc<Zygote>>,
 }
 
 impl NativeWarm {
-    /// Starts one warm sandbox.
+    /// Starts one warm sandbox: forked from the zygote when there is one that can take
+    /// another child, from scratch otherwise (and when the fork fails).
     async fn launch_warm(&self) -> Result<WaitingSandbox, NativeError> {
-        let backend = &self.backend;
-        let template = &self.template;
-        let name = format!("warm-{}", JobId::generate().as_str());
-        let ids = backend.id_mapping();
-        let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &ids)?;
-        let cgroup = backend.create_cgroup(&name, template)?;
-        // Built and kept at the lowest CPU priority, so that a job running meanwhile is never
-        // slowed by the sandbox being made for the next one. Only speed depends on it.
-        if let Some(cgroup) = &cgroup
-            && let Err(e) = cgroup.set_cpu_priority(CpuPriority::Background)
-        {
-            tracing::warn!(sandbox = %name, error = %e,
-                "cannot lower a warm sandbox's CPU priority; it starts at normal priority");
+        if let Some(zygote) = self.zygote_to_fork_from() {
+            match self.launch_forked(zygote).await {
+                Ok(warm) => {
+                    self.counters.forked.fetch_add(1, Ordering::Relaxed);
+                    return Ok(warm);
+                }
+                Err(e) => {
+                    self.counters.fork_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e,
+                        "cannot fork a warm sandbox from the zygote; starting one from scratch");
+                }
+            }
         }
-        let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref(), None) {
+        let (name, jobdir, cgroup) = self.prepare_sandbox()?;
+        let backend = &self.backend;
+        let mut plan = match backend.plan(&self.template, &jobdir, cgroup.as_ref(), None) {
             Ok(plan) => plan,
             Err(e) => {
                 let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
@@ -108,17 +198,152 @@ impl NativeWarm {
         plan.job_id.clone_from(&name);
         plan.argv.clone_from(&self.argv);
         plan.control_fd = true;
-        match backend.launch(&name, &plan, true).await {
-            Ok(launched) => Ok(WaitingSandbox {
-                name,
-                launched,
-                jobdir,
-                cgroup,
-            }),
+        let launched = backend.launch(&name, &plan, true).await;
+        ready_or_removed(name, jobdir, cgroup, launched, None).await
+    }
+
+    /// Forks one warm sandbox from `zygote`.
+    async fn launch_forked(&self, zygote: Arc<Zygote>) -> Result<WaitingSandbox, NativeError> {
+        let (name, jobdir, cgroup) = self.prepare_sandbox()?;
+        let send_out_dir = self.template.filesystem.out.enabled;
+        let launched = zygote
+            .fork(&name, &jobdir, cgroup.as_ref(), send_out_dir)
+            .await;
+        ready_or_removed(name, jobdir, cgroup, launched, Some(zygote)).await
+    }
+
+    /// A warm sandbox's job directory and cgroup, the cgroup at the lowest CPU priority: it
+    /// is built and kept so, so that a job running meanwhile is never slowed by the sandbox
+    /// being made for the next one. Only speed depends on it.
+    fn prepare_sandbox(&self) -> Result<(String, JobDir, Option<JobCgroup>), NativeError> {
+        let backend = &self.backend;
+        let name = format!("warm-{}", JobId::generate().as_str());
+        let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &backend.id_mapping())?;
+        let cgroup = match backend.create_cgroup(&name, &self.template) {
+            Ok(cgroup) => cgroup,
             Err(e) => {
-                let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
-                Err(e)
+                if let Err(removed) = jobdir.remove() {
+                    tracing::warn!(sandbox = %name, error = %removed, "cannot remove a job directory");
+                }
+                return Err(e);
             }
+        };
+        if let Some(cgroup) = &cgroup
+            && let Err(e) = cgroup.set_cpu_priority(CpuPriority::Background)
+        {
+            tracing::warn!(sandbox = %name, error = %e,
+                "cannot lower a warm sandbox's CPU priority; it starts at normal priority");
+        }
+        Ok((name, jobdir, cgroup))
+    }
+
+    /// The active zygote, taken for one more child, unless there is none or it has as many
+    /// as it may. Taken under the lock every child's hold is taken under, so that a batch of
+    /// starts never takes more than [`ZYGOTE_CHILDREN_MAX`].
+    fn zygote_to_fork_from(&self) -> Option<Arc<Zygote>> {
+        let zygotes = self.zygotes.lock().ok()?;
+        let active = zygotes.active.as_ref()?;
+        (children_of(active) < ZYGOTE_CHILDREN_MAX as usize).then(|| active.clone())
+    }
+
+    /// Keeps a zygote to fork from: the active one while it can fork and is younger than
+    /// the idle lifetime; otherwise it is retired (a dead one counted as lost) and a new one
+    /// started, unless the last start failed too recently. Sandboxes start from scratch
+    /// while there is none.
+    async fn keep_zygote(&self) {
+        let retire = {
+            let Ok(mut zygotes) = self.zygotes.lock() else {
+                return;
+            };
+            match zygotes.active.take() {
+                Some(active)
+                    if active.is_usable() && active.started_at().elapsed() <= self.idle_max =>
+                {
+                    zygotes.active = Some(active);
+                    return;
+                }
+                Some(active) => {
+                    if active.is_usable() {
+                        tracing::debug!(zygote = %active.name(), "the zygote outlived its idle lifetime; replaced");
+                    } else {
+                        self.counters.zygotes_lost.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(zygote = %active.name(), said = %active.said(),
+                            "the zygote died; replaced (sandboxes start from scratch meanwhile)");
+                    }
+                    zygotes.retired.push(active.clone());
+                    Some(active)
+                }
+                None => None,
+            }
+        };
+        if let Some(zygote) = retire {
+            zygote.retire().await;
+        }
+        if self
+            .zygotes
+            .lock()
+            .ok()
+            .and_then(|z| z.retry_at)
+            .is_some_and(|at| Instant::now() < at)
+        {
+            return;
+        }
+        match Zygote::start(&self.backend, &self.template, &self.preload).await {
+            Ok(zygote) => {
+                self.counters
+                    .zygotes_started
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(zygote = %zygote.name(), "zygote started");
+                if let Ok(mut zygotes) = self.zygotes.lock() {
+                    zygotes.active = Some(zygote);
+                    zygotes.retry_at = None;
+                    zygotes.backoff = REFILL_BACKOFF_MIN;
+                }
+            }
+            Err(e) => {
+                self.counters.zygotes_failed.fetch_add(1, Ordering::Relaxed);
+                let Ok(mut zygotes) = self.zygotes.lock() else {
+                    return;
+                };
+                let backoff = zygotes.backoff.max(REFILL_BACKOFF_MIN);
+                zygotes.retry_at = Some(Instant::now() + backoff);
+                zygotes.backoff = (backoff * 2).min(ZYGOTE_RETRY_MAX);
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                    "cannot start a zygote; warm sandboxes start from scratch meanwhile");
+            }
+        }
+    }
+
+    /// Removes the retired zygotes none of whose children is left.
+    async fn remove_idle_zygotes(&self) {
+        let done: Vec<Arc<Zygote>> = match self.zygotes.lock() {
+            Ok(mut zygotes) => {
+                let (done, alive) = std::mem::take(&mut zygotes.retired)
+                    .into_iter()
+                    .partition(|z| children_of(z) == 0);
+                zygotes.retired = alive;
+                done
+            }
+            Err(_) => Vec::new(),
+        };
+        for zygote in done {
+            zygote.remove().await;
+        }
+    }
+
+    /// Removes every zygote, with whatever children are left.
+    async fn remove_zygotes(&self) {
+        let all: Vec<Arc<Zygote>> = match self.zygotes.lock() {
+            Ok(mut zygotes) => zygotes
+                .active
+                .take()
+                .into_iter()
+                .chain(std::mem::take(&mut zygotes.retired))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for zygote in all {
+            zygote.remove().await;
         }
     }
 
@@ -135,7 +360,11 @@ impl NativeWarm {
             launched,
             jobdir,
             cgroup,
+            zygote,
         } = warm;
+        if zygote.is_some() {
+            self.counters.forked_hits.fetch_add(1, Ordering::Relaxed);
+        }
         // The job's files, then the CPU the sandbox used while waiting (left out of the
         // job's figure). Blocking work, off the async threads.
         let ids = backend.id_mapping();
@@ -160,6 +389,7 @@ impl NativeWarm {
         if let Err(e) = written {
             launched.kill().await;
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
+            drop(zygote);
             return Err(e.into());
         }
         // The sandbox's own stdin pipe carries the job's input, as in a fresh sandbox; a
@@ -170,6 +400,9 @@ impl NativeWarm {
         };
         let message = python::control_message(&self.template, job, stdin);
         let setup = delivered_at.elapsed();
+        tracing::debug!(job_id = %job.id, sandbox = %name, forked = zygote.is_some(),
+            sandbox_cpu_us = cpu_before.as_micros() as u64,
+            "CPU the sandbox used before its job (left out of the job's)");
         let supervised = backend
             .finish(job, launched, tap, None, Some(message))
             .await
@@ -178,9 +411,17 @@ impl NativeWarm {
                 s
             });
         tracing::debug!(job_id = %job.id, sandbox = %name, "job over; tearing down");
-        backend
+        let (report, removal) = backend
             .conclude(job, supervised, cgroup, jobdir, cpu_before)
-            .await
+            .await?;
+        // A forked sandbox's zygote (its template) is released once the sandbox is gone.
+        Ok((
+            report,
+            Teardown::new(async move {
+                removal.run().await;
+                drop(zygote);
+            }),
+        ))
     }
 }
 
@@ -205,7 +446,9 @@ impl WarmSandboxes for NativeWarm {
     }
 
     fn starts_cancel_safe(&self) -> bool {
-        // The helper is killed on drop, and the cgroup and the job directory removed.
+        // The helper (or a forked child's pidfd hold) is killed on drop, and the cgroup and
+        // the job directory removed; a zygote being started is removed the same way, and a
+        // child a dropped fork left in the zygote's template goes with the template.
         true
     }
 
@@ -242,6 +485,7 @@ impl WarmSandboxes for NativeWarm {
                 launched,
                 jobdir,
                 cgroup,
+                zygote,
             } = warm;
             launched.kill().await;
             match tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await {
@@ -251,6 +495,7 @@ impl WarmSandboxes for NativeWarm {
                 }
                 Err(e) => tracing::warn!(sandbox = %name, error = %e, "teardown task failed"),
             }
+            drop(zygote);
         })
     }
 
@@ -261,4 +506,64 @@ impl WarmSandboxes for NativeWarm {
     ) -> BoxFuture<'a, Result<(RunReport, Teardown), NativeError>> {
         Box::pin(self.backend.run_job_then_teardown(job, tap))
     }
+
+    fn upkeep(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.remove_idle_zygotes().await;
+            // Started with the pool, and replaced once past its idle lifetime or dead.
+            if self.zygote {
+                self.keep_zygote().await;
+            }
+        })
+    }
+
+    fn upkeep_due(&self) -> Option<Instant> {
+        let zygotes = self.zygotes.lock().ok()?;
+        let active = zygotes.active.as_ref()?;
+        Some(active.started_at() + self.idle_max)
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.remove_zygotes())
+    }
+
+    fn add_stats(&self, stats: &mut WarmPoolStats) {
+        let c = &self.counters;
+        stats.forked_hits = c.forked_hits.load(Ordering::Relaxed);
+        stats.forked = c.forked.load(Ordering::Relaxed);
+        stats.fork_failed = c.fork_failed.load(Ordering::Relaxed);
+        stats.zygotes_started = c.zygotes_started.load(Ordering::Relaxed);
+        stats.zygotes_failed = c.zygotes_failed.load(Ordering::Relaxed);
+        stats.zygotes_lost = c.zygotes_lost.load(Ordering::Relaxed);
+    }
+}
+
+/// The warm sandbox `launched` started, or, when it did not start, its job directory and
+/// cgroup removed and the error.
+async fn ready_or_removed(
+    name: String,
+    jobdir: JobDir,
+    cgroup: Option<JobCgroup>,
+    launched: Result<Launched, NativeError>,
+    zygote: Option<Arc<Zygote>>,
+) -> Result<WaitingSandbox, NativeError> {
+    match launched {
+        Ok(launched) => Ok(WaitingSandbox {
+            name,
+            launched,
+            jobdir,
+            cgroup,
+            zygote,
+        }),
+        Err(e) => {
+            let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
+            Err(e)
+        }
+    }
+}
+
+/// How many children of `zygote` are alive (waiting, running, or being forked): every
+/// holder of it but the pool.
+fn children_of(zygote: &Arc<Zygote>) -> usize {
+    Arc::strong_count(zygote).saturating_sub(1)
 }

@@ -142,19 +142,6 @@ MFD_EXEC = 0x10
 print(run_fd('fd'), run_fd('path'), attempt(lambda: os.memfd_create('y', MFD_EXEC) and 'created'))
 "#;
 
-/// Whether this process has `CAP_SYS_RESOURCE` (bit 24 of `CapEff`).
-fn has_cap_sys_resource() -> bool {
-    const CAP_SYS_RESOURCE: u32 = 24;
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
-}
-
 /// The first (minimum) value of `net.ipv4.<name>`.
 fn tcp_minimum(name: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
@@ -177,7 +164,7 @@ fn host_budget_probe() -> serde_json::Value {
 }
 
 conformance_on! {
-    [native: Native, warm: Warm]
+    [native: Native, warm: Warm, zygote: Zygote]
 
     fn host_root_keeps_its_per_user_budgets_while_a_job_exhausts_them(t: &Target) {
         let ready = marker("budgets");
@@ -232,7 +219,7 @@ conformance_on! {
              \x20   result = errno.errorcode[e.errno]\n\
              print(before, result, open('/proc/self/oom_score_adj').read().strip())",
         ]);
-        if has_cap_sys_resource() {
+        if airlock_testkit::require::has_cap_sys_resource() {
             assert_eq!(run.obs["stdout"], "1000 EACCES 1000\n", "{:#}", run.obs);
         } else {
             // Pinning the minimum needs CAP_SYS_RESOURCE, which this host's root lacks: the
@@ -337,8 +324,9 @@ mod tcp {
     const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 
     conformance_on! {
-        [native: Native, warm: Warm, docker: Docker, gvisor: Gvisor, podman: Podman,
-         warm_docker: WarmDocker, warm_gvisor: WarmGvisor, warm_podman: WarmPodman]
+        [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor,
+         podman: Podman, warm_docker: WarmDocker, warm_gvisor: WarmGvisor,
+         warm_podman: WarmPodman]
 
         fn tcp_buffers_are_held_to_the_memory_limit(t: &Target) {
             let policy = t.policy_with("timeout = \"30s\"", "", "");

@@ -29,6 +29,10 @@ pub enum Kind {
     WarmGvisor,
     /// The same on Podman.
     WarmPodman,
+    /// The warm path with `[native] zygote = true` (`airlock run --warm` under such a
+    /// policy): each job delivered to a sandbox forked from a zygote. Jobs a warm sandbox
+    /// cannot take run in a fresh sandbox, as for `Warm`.
+    Zygote,
 }
 
 impl Kind {
@@ -43,6 +47,7 @@ impl Kind {
             Kind::WarmDocker => "warm_docker",
             Kind::WarmGvisor => "warm_gvisor",
             Kind::WarmPodman => "warm_podman",
+            Kind::Zygote => "zygote",
         }
     }
 
@@ -55,7 +60,7 @@ impl Kind {
     /// what a check expects of a backend, it expects of its warm kind.
     pub fn base(self) -> Kind {
         match self {
-            Kind::Warm => Kind::Native,
+            Kind::Warm | Kind::Zygote => Kind::Native,
             Kind::WarmDocker => Kind::Docker,
             Kind::WarmGvisor => Kind::Gvisor,
             Kind::WarmPodman => Kind::Podman,
@@ -63,14 +68,14 @@ impl Kind {
         }
     }
 
-    /// Whether jobs go through the warm path (`--warm`) where they fit.
+    /// Whether jobs the warm path takes go through it (`airlock run --warm`).
     pub fn is_warm(self) -> bool {
         self.base() != self
     }
 
-    /// Whether jobs run in the native backend's sandboxes (warm or fresh).
+    /// Whether jobs run in the native backend's sandboxes (warm, forked or fresh).
     pub fn is_native(self) -> bool {
-        matches!(self, Kind::Native | Kind::Warm)
+        self.base() == Kind::Native
     }
 
     /// Whether the job runs from an image, in a container on the Docker or Podman daemon of
@@ -308,9 +313,15 @@ impl Target {
         } else {
             "rootfs = \"host\"".to_owned()
         };
+        // The warm kinds pin how their sandboxes are made, whatever the default.
+        let native = match self.kind {
+            Kind::Zygote => "[native]\nzygote = true\n",
+            Kind::Warm => "[native]\nzygote = false\n",
+            _ => "",
+        };
         let text = format!(
             "version = \"test-1\"\n[limits]\n{limits}\n[filesystem]\n{rootfs}\n{filesystem}\n\
-             {}{kube}[docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{images}{extra}\n",
+             {}{kube}[docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{images}{extra}\n{native}",
             self.kube_section(),
             docker_socket().display().to_string(),
             podman_socket().display().to_string(),
@@ -392,7 +403,7 @@ impl Target {
             .args(args);
         let run = json_run(cmd.output().expect("spawn airlock"));
         if backend.contains(&"--warm") {
-            assert_ran_warm(&run);
+            assert_ran_warm(self.kind, &run);
         }
         run
     }
@@ -436,15 +447,22 @@ pub fn warm_fits(kind: Kind, args: &[&str]) -> bool {
     true
 }
 
-/// A job run with `--warm` that got as far as running must say it ran warm: the warm
-/// kind proves nothing if its jobs quietly ran in fresh sandboxes.
-pub fn assert_ran_warm(run: &JsonRun) {
+/// A job run with `--warm` that got as far as running must say it ran warm (for the
+/// zygote kind: in a sandbox forked from a zygote): the warm kinds prove nothing if their
+/// jobs quietly ran in fresh sandboxes.
+pub fn assert_ran_warm(kind: Kind, run: &JsonRun) {
     if run.obs.get("error").is_some_and(|e| !e.is_null()) {
         return;
     }
+    let said = if kind == Kind::Zygote {
+        "the job ran in a sandbox forked from a zygote"
+    } else {
+        "the job ran in a warm sandbox"
+    };
     assert!(
-        run.stderr.contains("the job ran in a warm sandbox"),
-        "the job did not run in a warm sandbox: {}\n{:#}",
+        run.stderr.contains(said),
+        "the job did not run as {} says: {}\n{:#}",
+        kind.name(),
         run.stderr,
         run.obs
     );
@@ -675,6 +693,7 @@ macro_rules! conformance {
         conformance!(@backend warm_docker, WarmDocker, $($name)*);
         conformance!(@backend warm_gvisor, WarmGvisor, $($name)*);
         conformance!(@backend warm_podman, WarmPodman, $($name)*);
+        conformance!(@backend zygote, Zygote, $($name)*);
     };
     (@backend $module:ident, $kind:ident, $($name:ident)*) => {
         mod $module {

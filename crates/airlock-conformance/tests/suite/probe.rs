@@ -52,7 +52,7 @@ fn run_probe_obs(t: &Target, filesystem: &str, extra: &[&str]) -> (ProbeReport, 
     }
     let run = super::common::json_run(cmd.output().unwrap());
     if t.kind.is_warm() {
-        super::common::assert_ran_warm(&run);
+        super::common::assert_ran_warm(t.kind, &run);
     }
     assert_eq!(run.obs["ok"], true, "{:#}\n{}", run.obs, run.stderr);
     assert_eq!(run.obs["stdout_truncated"], false);

@@ -12,7 +12,10 @@
 //!   runs fresh;
 //! - refills start after a job's removal (or when the pool is empty), in the background,
 //!   all missing ones together up to [`REFILL_BATCH_MAX`], backing off while starts fail;
-//! - shutdown (or dropping the pool) stops refilling and removes every waiting sandbox.
+//! - shutdown (or dropping the pool) stops refilling and removes every waiting sandbox;
+//! - what a backend keeps besides its sandboxes (the native backend's zygote, which its
+//!   sandboxes are forked from) is looked after by the refill too ([`WarmSandboxes::upkeep`])
+//!   and removed last ([`WarmSandboxes::close`]).
 
 pub mod python;
 
@@ -35,6 +38,18 @@ pub const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 pub const REFILL_BATCH_MAX: usize = 8;
 /// First wait after a failed start.
 pub const REFILL_BACKOFF_MIN: Duration = Duration::from_millis(250);
+
+/// How a pool is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarmPoolConfig {
+    /// Sandboxes kept ready (`warm_pool`).
+    pub size: usize,
+    /// Longest a sandbox waits before it is replaced (`warm_idle`).
+    pub idle_max: Duration,
+    /// Most sandboxes ever started, `None` for no bound: `airlock run --warm` starts one,
+    /// for its one job, and no replacement after it.
+    pub starts_max: Option<u64>,
+}
 
 /// What a backend gives the pool: how one of its sandboxes is started ahead of a job, told
 /// alive, raised to a job's CPU priority, handed its job, and removed.
@@ -92,6 +107,29 @@ pub trait WarmSandboxes: Send + Sync + 'static {
         job: &'a JobSpec,
         tap: Option<OutputTap>,
     ) -> BoxFuture<'a, Result<(RunReport, Teardown), Self::Error>>;
+
+    /// Looks after what the backend keeps for its starts besides the sandboxes (the native
+    /// zygote: replaced once dead or past the idle lifetime, a retired one removed once its
+    /// last child is gone). The refill runs it before every round, full pool or not; at
+    /// shutdown it is dropped part-way when starts are cancel-safe, else waited for.
+    fn upkeep(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    /// When [`WarmSandboxes::upkeep`] is next due though no job comes (a zygote reaching
+    /// its idle lifetime), if ever.
+    fn upkeep_due(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Removes what the backend keeps besides the sandboxes, with whatever of it is left
+    /// (the pool's end, after every waiting sandbox was removed). Called at most twice.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    /// Adds the backend's own figures (the zygote's) to the pool's.
+    fn add_stats(&self, _stats: &mut WarmPoolStats) {}
 }
 
 /// A started sandbox and when it became ready.
@@ -115,6 +153,7 @@ struct Shared<S: WarmSandboxes> {
     sandboxes: Arc<S>,
     size: usize,
     idle_max: Duration,
+    starts_max: Option<u64>,
     ready: Mutex<VecDeque<Ready<S::Warm>>>,
     wake: Notify,
     closed: AtomicBool,
@@ -142,13 +181,19 @@ impl<S: WarmSandboxes> std::fmt::Debug for WarmPool<S> {
 }
 
 impl<S: WarmSandboxes> WarmPool<S> {
-    /// Keeps `size` sandboxes started, starting them in the background; one unused for
-    /// `idle_max` is removed and replaced. Must be called inside a tokio runtime.
-    pub fn start(sandboxes: Arc<S>, size: usize, idle_max: Duration) -> Self {
+    /// Keeps `config.size` sandboxes started, starting them in the background; one unused
+    /// for `config.idle_max` is removed and replaced. Must be called inside a tokio runtime.
+    pub fn start(sandboxes: Arc<S>, config: WarmPoolConfig) -> Self {
+        let WarmPoolConfig {
+            size,
+            idle_max,
+            starts_max,
+        } = config;
         let shared = Arc::new(Shared {
             sandboxes,
             size,
             idle_max,
+            starts_max,
             ready: Mutex::new(VecDeque::with_capacity(size)),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
@@ -170,7 +215,7 @@ impl<S: WarmSandboxes> WarmPool<S> {
     /// The pool's figures.
     pub fn stats(&self) -> WarmPoolStats {
         let c = &self.shared.counters;
-        WarmPoolStats {
+        let mut stats = WarmPoolStats {
             ready: self.ready() as u64,
             hits: c.hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
@@ -178,7 +223,10 @@ impl<S: WarmSandboxes> WarmPool<S> {
             started: c.started.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             discarded: c.discarded.load(Ordering::Relaxed),
-        }
+            ..WarmPoolStats::default()
+        };
+        self.shared.sandboxes.add_stats(&mut stats);
+        stats
     }
 
     /// How many warm sandboxes are ready now.
@@ -191,8 +239,8 @@ impl<S: WarmSandboxes> WarmPool<S> {
         self.shared.sandboxes.fits(job)
     }
 
-    /// Stops refilling and removes every waiting sandbox, and those being started, before
-    /// it returns.
+    /// Stops refilling and removes every waiting sandbox, those being started and what the
+    /// backend keeps besides them, before it returns.
     pub async fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.wake.notify_one();
@@ -211,6 +259,8 @@ impl<S: WarmSandboxes> WarmPool<S> {
         {
             tracing::warn!(error = %e, "the warm pool's refill task failed");
         }
+        // The refill closed the backend's side as it ended; again in case it had failed.
+        self.shared.sandboxes.close().await;
     }
 
     /// Runs `job`: in a warm sandbox when it fits and one is ready, else in a fresh one.
@@ -377,16 +427,35 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
             shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
             shared.sandboxes.discard(ready.warm).await;
         }
+        if shared.sandboxes.starts_cancel_safe() {
+            tokio::select! {
+                () = shared.sandboxes.upkeep() => {}
+                () = shared.stop.notified() => break,
+            }
+        } else {
+            shared.sandboxes.upkeep().await;
+        }
         let (have, oldest) = match shared.ready.lock() {
             Ok(ready) => (ready.len(), ready.front().map(|w| w.ready_at)),
             Err(_) => break,
         };
-        if have >= shared.size {
-            // Asleep until a job takes one or the oldest reaches its idle lifetime.
-            match oldest {
-                Some(oldest) => {
-                    let expiry = tokio::time::Instant::from_std(oldest + shared.idle_max);
-                    let _ = tokio::time::timeout_at(expiry, shared.wake.notified()).await;
+        let attempts = shared.counters.started.load(Ordering::Relaxed)
+            + shared.counters.failed.load(Ordering::Relaxed);
+        let allowed = shared
+            .starts_max
+            .map_or(usize::MAX, |max| max.saturating_sub(attempts) as usize);
+        if have >= shared.size || allowed == 0 {
+            // Asleep until a job takes one, the oldest reaches its idle lifetime or the
+            // backend's upkeep is due.
+            let due = oldest
+                .map(|oldest| oldest + shared.idle_max)
+                .into_iter()
+                .chain(shared.sandboxes.upkeep_due())
+                .min();
+            match due {
+                Some(due) => {
+                    let due = tokio::time::Instant::from_std(due);
+                    let _ = tokio::time::timeout_at(due, shared.wake.notified()).await;
                 }
                 None => shared.wake.notified().await,
             }
@@ -398,7 +467,7 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
         // so a batch costs one such pause instead of one per sandbox; a daemon starts
         // containers side by side.
         let mut starts = tokio::task::JoinSet::new();
-        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX) {
+        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX).min(allowed) {
             let sandboxes = shared.sandboxes.clone();
             starts.spawn(async move { sandboxes.start().await });
         }
@@ -468,6 +537,7 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
     for ready in drain(&shared) {
         shared.sandboxes.discard(ready.warm).await;
     }
+    shared.sandboxes.close().await;
 }
 
 #[cfg(test)]
@@ -538,6 +608,11 @@ mod tests {
         start_delay: Duration,
         /// Whether a start may be dropped part-way (its guard removes it).
         cancel_safe: bool,
+        /// Rounds of the refill (each runs the upkeep first).
+        upkeeps: AtomicU64,
+        /// How often the upkeep is due without a job, if ever.
+        upkeep_every: Option<Duration>,
+        closes: AtomicU64,
     }
 
     impl Fake {
@@ -666,6 +741,26 @@ mod tests {
                 Ok((report(), Teardown::none()))
             })
         }
+
+        fn upkeep(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async move {
+                self.upkeeps.fetch_add(1, Ordering::SeqCst);
+            })
+        }
+
+        fn upkeep_due(&self) -> Option<Instant> {
+            self.upkeep_every.map(|every| Instant::now() + every)
+        }
+
+        fn close(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async move {
+                self.closes.fetch_add(1, Ordering::SeqCst);
+            })
+        }
+
+        fn add_stats(&self, stats: &mut WarmPoolStats) {
+            stats.zygotes_started = self.upkeeps.load(Ordering::SeqCst);
+        }
     }
 
     fn job(language: &str) -> JobSpec {
@@ -676,6 +771,14 @@ mod tests {
         }
         .resolve(&Policy::builtin())
         .unwrap()
+    }
+
+    fn config(size: usize, idle_max: Duration) -> WarmPoolConfig {
+        WarmPoolConfig {
+            size,
+            idle_max,
+            starts_max: None,
+        }
     }
 
     async fn until(what: &str, mut check: impl FnMut() -> bool) {
@@ -689,7 +792,7 @@ mod tests {
     #[tokio::test]
     async fn a_job_takes_the_oldest_ready_sandbox_and_it_is_replaced_after() {
         let fake = Arc::new(Fake::default());
-        let pool = WarmPool::start(fake.clone(), 2, Duration::from_secs(600));
+        let pool = WarmPool::start(fake.clone(), config(2, Duration::from_secs(600)));
         until("two ready", || pool.ready() == 2).await;
         pool.run_job_with(&job("python"), None).await.unwrap();
         assert_eq!(*fake.delivered.lock().unwrap(), vec![0]);
@@ -709,7 +812,7 @@ mod tests {
             start_delay: Duration::from_secs(3600),
             ..Fake::default()
         });
-        let pool = WarmPool::start(fake.clone(), 1, Duration::from_secs(600));
+        let pool = WarmPool::start(fake.clone(), config(1, Duration::from_secs(600)));
         pool.run_job_with(&job("sh"), None).await.unwrap();
         pool.run_job_with(&job("python"), None).await.unwrap();
         let stats = pool.stats();
@@ -721,7 +824,7 @@ mod tests {
     #[tokio::test]
     async fn a_dead_sandbox_is_discarded_and_never_gets_a_job() {
         let fake = Arc::new(Fake::default());
-        let pool = WarmPool::start(fake.clone(), 2, Duration::from_secs(600));
+        let pool = WarmPool::start(fake.clone(), config(2, Duration::from_secs(600)));
         until("two ready", || pool.ready() == 2).await;
         fake.kill(0);
         pool.run_job_with(&job("python"), None).await.unwrap();
@@ -735,7 +838,7 @@ mod tests {
     #[tokio::test]
     async fn a_sandbox_whose_priority_cannot_be_raised_is_discarded_and_the_job_runs_fresh() {
         let fake = Arc::new(Fake::default());
-        let pool = WarmPool::start(fake.clone(), 1, Duration::from_secs(600));
+        let pool = WarmPool::start(fake.clone(), config(1, Duration::from_secs(600)));
         until("one ready", || pool.ready() == 1).await;
         fake.raise_fails.store(true, Ordering::SeqCst);
         pool.run_job_with(&job("python"), None).await.unwrap();
@@ -750,7 +853,7 @@ mod tests {
     #[tokio::test]
     async fn a_sandbox_idle_past_its_lifetime_is_replaced_without_a_job() {
         let fake = Arc::new(Fake::default());
-        let pool = WarmPool::start(fake.clone(), 1, Duration::from_millis(50));
+        let pool = WarmPool::start(fake.clone(), config(1, Duration::from_millis(50)));
         until("the first replaced", || {
             fake.discarded.lock().unwrap().contains(&0) && pool.ready() == 1
         })
@@ -774,7 +877,7 @@ mod tests {
                 cancel_safe,
                 ..Fake::default()
             });
-            let pool = WarmPool::start(fake.clone(), 3, Duration::from_secs(600));
+            let pool = WarmPool::start(fake.clone(), config(3, Duration::from_secs(600)));
             if wait_for_ready {
                 until("three ready", || pool.ready() == 3).await;
             } else {
@@ -796,5 +899,61 @@ mod tests {
             }
             assert_eq!(pool.ready(), 0);
         }
+    }
+
+    #[tokio::test]
+    async fn no_more_sandboxes_start_than_the_bound() {
+        for starts_max in [Some(1), None] {
+            let fake = Arc::new(Fake::default());
+            let config = WarmPoolConfig {
+                starts_max,
+                ..config(1, Duration::from_secs(600))
+            };
+            let pool = WarmPool::start(fake.clone(), config);
+            until("one ready", || pool.ready() == 1).await;
+            pool.run_job_with(&job("python"), None).await.unwrap();
+            // Two more rounds of the refill: every start of the first is over once the
+            // second's upkeep runs (a job finding none ready wakes it).
+            let rounds = fake.upkeeps.load(Ordering::SeqCst);
+            until("a round after the job", || {
+                fake.upkeeps.load(Ordering::SeqCst) > rounds
+            })
+            .await;
+            pool.run_job_with(&job("python"), None).await.unwrap();
+            until("the round after that", || {
+                fake.upkeeps.load(Ordering::SeqCst) > rounds + 1
+            })
+            .await;
+            let started = fake.next.load(Ordering::SeqCst);
+            match starts_max {
+                Some(max) => assert_eq!(started, max, "no replacement past the bound"),
+                None => assert!(started >= 2, "unbounded, the first was replaced"),
+            }
+            pool.shutdown().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_backends_upkeep_runs_when_due_and_its_state_goes_last() {
+        let fake = Arc::new(Fake {
+            upkeep_every: Some(Duration::from_millis(20)),
+            ..Fake::default()
+        });
+        let pool = WarmPool::start(fake.clone(), config(1, Duration::from_secs(600)));
+        until("one ready", || pool.ready() == 1).await;
+        // The pool is full and no job comes: only the upkeep's own deadline wakes it.
+        let rounds = fake.upkeeps.load(Ordering::SeqCst);
+        until("upkeep without a job", || {
+            fake.upkeeps.load(Ordering::SeqCst) > rounds + 2
+        })
+        .await;
+        assert!(
+            pool.stats().zygotes_started > rounds + 2,
+            "the backend's figures"
+        );
+        assert_eq!(fake.closes.load(Ordering::SeqCst), 0);
+        pool.shutdown().await;
+        assert!(fake.closes.load(Ordering::SeqCst) >= 1);
+        assert_eq!(fake.up(), BTreeSet::new());
     }
 }

@@ -6,8 +6,9 @@
 use crate::job::{JobSpec, WORKDIR};
 use crate::policy::NetworkMode;
 
-/// The bootstrap a warm sandbox's interpreter runs (`python3 <flags> -c BOOTSTRAP`), with
-/// `{CONTROL_FD}` replaced by the descriptor it reads its job from ([`warm_argv`]).
+/// The job runner every warm sandbox's interpreter runs, defining `_airlock_run(forked)`,
+/// with `{CONTROL_FD}` standing for the descriptor it reads its job from: the bootstrap of
+/// a sandbox started from scratch ([`warm_argv`]) and of a native zygote's children.
 ///
 /// It reads one framed message ([`control_message`]): 16 hex digits giving the length of
 /// the rest, then the stdin mode byte, then the job's `argv` (script path first,
@@ -15,88 +16,32 @@ use crate::policy::NetworkMode;
 /// container's stdin, which carries the message) is left for the job; end-of-file before
 /// a whole message (the pool shutting down) exits 0 quietly. A descriptor other than 0 is
 /// closed; with mode `r` or `w` descriptor 0 is replaced by `/dev/null` opened read-only
-/// or read-write, which is what a fresh sandbox or container without stdin has there. It then makes `__main__` look as it does for a
-/// script (its namespace emptied but for `__builtins__`) and runs the script there. An
-/// uncaught exception is printed without the bootstrap's own frame and exits 1, as for a
-/// script; `SystemExit` passes through. Everything it names is local, so nothing of it is
-/// left in `__main__`.
-pub const PYTHON_BOOTSTRAP: &str = r#"def _airlock_run():
-    import os, sys
-    def take(count):
-        data = b""
-        while len(data) < count:
-            chunk = os.read({CONTROL_FD}, count - len(data))
-            if not chunk:
-                os._exit(0)
-            data += chunk
-        return data
-    message = take(int(take(16), 16))
-    if {CONTROL_FD} != 0:
-        os.close({CONTROL_FD})
-    if message[:1] in (b"r", b"w"):
-        null = os.open(os.devnull, os.O_RDONLY if message[:1] == b"r" else os.O_RDWR)
-        os.dup2(null, 0)
-        os.close(null)
-    argv = [os.fsdecode(a) for a in message[1:].split(b"\0")]
-    path = argv[0]
-    sys.argv = argv
-    sys.orig_argv = sys.orig_argv[:-2] + argv
-    import __main__
-    SourceFileLoader = sys.modules["_frozen_importlib_external"].SourceFileLoader
-    namespace = __main__.__dict__
-    builtins = namespace["__builtins__"]
-    namespace.clear()
-    namespace.update(__name__="__main__", __doc__=None, __package__=None,
-                     __loader__=SourceFileLoader("__main__", path), __spec__=None,
-                     __annotations__={}, __builtins__=builtins, __file__=path,
-                     __cached__=None)
-    del builtins, take, message, argv, __main__, SourceFileLoader
-    try:
-        with open(path, "rb") as source:
-            code = compile(source.read(), path, "exec", dont_inherit=True)
-    except SyntaxError as e:
-        e.__traceback__ = None
-        sys.excepthook(type(e), e, None)
-        sys.exit(1)
-    try:
-        exec(code, namespace)
-    except SystemExit:
-        raise
-    except BaseException as e:
-        e.__traceback__ = e.__traceback__.tb_next
-        sys.excepthook(type(e), e, e.__traceback__)
-        sys.exit(1)
-_airlock_run()
-"#;
+/// or read-write, which is what a fresh sandbox or container without stdin has there. It
+/// then makes `__main__` look as it does for a script (its namespace emptied but for
+/// `__builtins__`) and runs the script there. An uncaught exception is printed without the
+/// bootstrap's own frame and exits 1, as for a script; `SystemExit` passes through.
+/// Everything it names is local, so nothing of it is left in `__main__`. A zygote's child
+/// (`forked`) ends as interpreter shutdown would for the job, without tearing down what it
+/// shares with the zygote (docs/speed.md).
+pub const PYTHON_RUN_JOB: &str = include_str!("run_job.py");
 
-/// What a warm sandbox's interpreter runs before the bootstrap when the policy names
-/// modules to preload (`{MODULES}`: a Python list of the checked module names). It imports
-/// each with the interpreter's own output sent to `/dev/null` and warnings silenced, so
-/// nothing of it reaches the job's output; a module that fails to import is skipped.
-pub const PYTHON_PRELOAD: &str = r#"def _airlock_preload(names):
-    import importlib, os, sys, warnings
-    null = os.open(os.devnull, os.O_WRONLY)
-    saved = [os.dup(1), os.dup(2)]
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for name in names:
-                try:
-                    importlib.import_module(name)
-                except Exception:
-                    pass
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved + [null]:
-            os.close(fd)
-_airlock_preload({MODULES})
-del _airlock_preload
-"#;
+/// What a warm interpreter runs before the job runner when the policy names modules to
+/// preload: it defines `_airlock_preload(names)`, which imports each with the
+/// interpreter's own output sent to `/dev/null` and warnings silenced, so nothing of it
+/// reaches the job's output; a module that fails to import is skipped.
+pub const PYTHON_PRELOAD: &str = include_str!("preload.py");
+
+/// [`PYTHON_RUN_JOB`] reading its job from `control_fd`.
+pub fn run_job_program(control_fd: i32) -> String {
+    PYTHON_RUN_JOB.replace("{CONTROL_FD}", &control_fd.to_string())
+}
+
+/// `preload` as a Python list literal. The names are checked identifiers ([native]
+/// warm_preload), which need no escaping as string literals.
+pub fn module_list(preload: &[String]) -> String {
+    let names: Vec<String> = preload.iter().map(|m| format!("\"{m}\"")).collect();
+    format!("[{}]", names.join(", "))
+}
 
 /// Hex digits of a control message's length prefix.
 const LENGTH_DIGITS: usize = 16;
@@ -143,22 +88,29 @@ pub fn unsupported_template(template: &JobSpec) -> Option<String> {
 /// reading from `control_fd` (after the preload, when there is one) in place of the source
 /// file. `None` unless the template ends with the source file.
 pub fn warm_argv(template: &JobSpec, preload: &[String], control_fd: i32) -> Option<Vec<String>> {
+    let run_job = run_job_program(control_fd);
+    let program = if preload.is_empty() {
+        format!("{run_job}_airlock_run()\n")
+    } else {
+        format!(
+            "{PYTHON_PRELOAD}_airlock_preload({})\ndel _airlock_preload\n{run_job}_airlock_run()\n",
+            module_list(preload)
+        )
+    };
+    interpreter_running(template, program)
+}
+
+/// The template's interpreter and flags running `program` (`python3 <flags> -c PROGRAM`)
+/// in place of the source file; `None` unless the template's command ends with its source
+/// file.
+pub fn interpreter_running(template: &JobSpec, program: String) -> Option<Vec<String>> {
     let (script, flags) = template.argv.split_last()?;
     if *script != format!("{WORKDIR}/{}", template.source_file) {
         return None;
     }
     let mut argv = flags.to_vec();
     argv.push("-c".to_owned());
-    let bootstrap = PYTHON_BOOTSTRAP.replace("{CONTROL_FD}", &control_fd.to_string());
-    if preload.is_empty() {
-        argv.push(bootstrap);
-    } else {
-        // The names are checked identifiers ([native] warm_preload): as Python string
-        // literals they need no escaping.
-        let names: Vec<String> = preload.iter().map(|m| format!("\"{m}\"")).collect();
-        let preamble = PYTHON_PRELOAD.replace("{MODULES}", &format!("[{}]", names.join(", ")));
-        argv.push(format!("{preamble}{bootstrap}"));
-    }
+    argv.push(program);
     Some(argv)
 }
 

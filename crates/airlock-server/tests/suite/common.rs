@@ -214,6 +214,29 @@ pub async fn post_raw(server: &Server, token: Option<&str>, body: Vec<u8>) -> An
     }
 }
 
+/// Posts `body` to `/v1/runs` in a task of its own: the answer's body, once it comes.
+pub fn spawn_run(server: &Server, body: Value) -> tokio::task::JoinHandle<Value> {
+    let url = server.url("/v1/runs");
+    tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    })
+}
+
+/// Sends SIGKILL to `pid`; whether it was still there.
+pub fn kill_pid(pid: u32) -> bool {
+    rustix::process::Pid::from_raw(pid as i32).is_some_and(|pid| {
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
+    })
+}
+
 pub fn python(code: &str) -> Value {
     serde_json::json!({"language": "python", "code": code})
 }
@@ -338,22 +361,10 @@ pub async fn cpu_share_during_a_job(
     normal: &str,
     read: impl Fn() -> Option<String>,
 ) -> (Option<String>, Value) {
-    let job = tokio::spawn({
-        let url = server.url("/v1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&python(
-                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let job = spawn_run(
+        server,
+        python("import time\nprint('running', flush=True)\ntime.sleep(2)\n"),
+    );
     let start = Instant::now();
     let mut seen = None;
     while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
@@ -431,7 +442,8 @@ print(json.dumps({
 /// pool has `pool` ready again) and checks that the warm job saw what the cold one did:
 /// the outcome, the exit, stderr and `same` fields of the observation, and stdout; a
 /// stdout that is a JSON object ([`WARM_PROBE`]'s report) is compared whole, but for the
-/// `may_differ` keys.
+/// `may_differ` keys and what `adjust(warm, cold)` declares may differ (it checks the
+/// warm report's value and edits the reports to compare).
 pub async fn assert_warm_sees_what_cold_sees(
     cold: &Server,
     warm: &Server,
@@ -439,6 +451,7 @@ pub async fn assert_warm_sees_what_cold_sees(
     cases: &[Value],
     same: &[&str],
     may_differ: &[&str],
+    adjust: impl Fn(&mut Value, &mut Value),
 ) {
     for (i, case) in cases.iter().enumerate() {
         let want = post_run(cold, None, case).await;
@@ -465,6 +478,7 @@ pub async fn assert_warm_sees_what_cold_sees(
                     warm_probe[key] = Value::Null;
                     cold_probe[key] = Value::Null;
                 }
+                adjust(&mut warm_probe, &mut cold_probe);
                 pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
             }
             _ => assert_eq!(out_warm, out_cold, "#{i}"),

@@ -9,3 +9,4 @@ mod sse;
 mod teardown;
 mod warm;
 mod warm_containers;
+mod zygote;

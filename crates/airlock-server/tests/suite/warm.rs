@@ -1,7 +1,8 @@
 //! The warm pool (`[native] warm_pool`): jobs delivered to sandboxes started ahead of
 //! time see exactly what a job in a fresh sandbox sees, one job per sandbox, with the
 //! wall clock from delivery; jobs it does not fit run fresh; dead warm sandboxes are
-//! replaced; nothing is left behind at shutdown.
+//! replaced; nothing is left behind at shutdown. These are the sandboxes started from
+//! scratch (`zygote = false`); suite::zygote has the forked ones.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -15,7 +16,8 @@ const POOL: u64 = 2;
 
 fn policy(warm_pool: u64) -> String {
     format!(
-        "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = {warm_pool}\n"
+        "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = {warm_pool}\n\
+         zygote = false\n"
     )
 }
 
@@ -27,13 +29,10 @@ fn server(warm_pool: u64) -> Server {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
-    require_server!();
-    let cold = server(0);
-    let warm = server(POOL);
-    wait_ready(&warm, POOL).await;
-    let cases: Vec<Value> = vec![
+/// The jobs whose outcome, output and ([`WARM_PROBE`]'s) view of the sandbox a warm or
+/// forked native sandbox must give exactly as a fresh one does.
+pub(super) fn equivalence_cases() -> Vec<Value> {
+    vec![
         json!({"language": "python", "code": WARM_PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
                "files": [{"path": "data.txt", "content": "data"}]}),
         json!({"language": "python", "code": WARM_PROBE,
@@ -47,10 +46,19 @@ async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
         python("# -*- coding: latin-1 -*-\nprint(repr('\u{e9}'))\n"),
         python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"),
         python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
-    ];
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
+    require_server!();
+    let cold = server(0);
+    let warm = server(POOL);
+    wait_ready(&warm, POOL).await;
+    let cases = equivalence_cases();
     // The only thing that may differ: the pid in the job's pid namespace (the warm
     // sandbox's job process is the same one, started earlier).
-    assert_warm_sees_what_cold_sees(&cold, &warm, POOL, &cases, &[], &["pid"]).await;
+    assert_warm_sees_what_cold_sees(&cold, &warm, POOL, &cases, &[], &["pid"], |_, _| {}).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,7 +228,7 @@ async fn a_dead_warm_sandbox_is_replaced_and_shutdown_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_sandbox_idle_past_its_lifetime_is_replaced() {
     require_server!();
-    let text = "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\nwarm_idle = \"1s\"\n";
+    let text = "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\nwarm_idle = \"1s\"\nzygote = false\n";
     let warm = Server::start(Opts {
         args: ["--policy", "warm.toml"].map(String::from).to_vec(),
         files: vec![("warm.toml".into(), text.to_owned())],

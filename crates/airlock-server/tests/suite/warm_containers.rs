@@ -229,6 +229,7 @@ async fn warm_containers_see_exactly_what_fresh_ones_see(engine: Engine) {
         &cases,
         &["backend", "image_digest"],
         &[],
+        |_, _| {},
     )
     .await;
 
