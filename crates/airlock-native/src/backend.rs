@@ -408,7 +408,7 @@ impl NativeBackend {
         Ok(SandboxPlan {
             job_id: job.id.to_string(),
             supervisor_pid: rustix::process::getpid().as_raw_nonzero().get(),
-            cgroup_procs: cgroup.map(JobCgroup::procs_files).unwrap_or_default(),
+            cgroup_join: cgroup.map(JobCgroup::join_files).unwrap_or_default(),
             ids: self.ids,
             namespace_owner: self.ids.namespace_owner(next_owner_slot()),
             user_namespace_limits: USER_NAMESPACE_LIMITS
@@ -635,7 +635,7 @@ impl NativeBackend {
         }
         // On cgroup v2 the helper is created inside the job's group (one cgroup.procs file,
         // whose directory is the group); it then has nothing to join.
-        let cgroup_v2_dir = match (&self.cgroups, plan.cgroup_procs.as_slice()) {
+        let cgroup_v2_dir = match (&self.cgroups, plan.cgroup_join.as_slice()) {
             (Some(manager), [procs]) if manager.version() == CgroupVersion::V2 => procs.parent(),
             _ => None,
         };
@@ -663,7 +663,7 @@ impl NativeBackend {
         let plan_json = match child.placement {
             Placement::Born => {
                 let mut born = plan.clone();
-                born.cgroup_procs.clear();
+                born.cgroup_join.clear();
                 serde_json::to_vec(&born)
             }
             Placement::Joins => serde_json::to_vec(plan),
