@@ -113,6 +113,9 @@ fn report(status: &OwnedFd, event: &InitEvent) {
 
 /// Entry point of `airlock __airlock-init`. Must run before any thread or runtime starts.
 pub fn main() -> ! {
+    // Its name is `init`, as its argv[0] is: executed from a memfd it would otherwise be
+    // the descriptor's number, and the airlock binary's name before that.
+    let _ = rustix::thread::set_name(c"init");
     let status = match process::claim_inherited_fd(STATUS_FD) {
         Ok(fd) => fd,
         Err(_) => process::exit_now(2),

@@ -17,6 +17,8 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 use rustix::fs::{MemfdFlags, SealFlags};
 
@@ -32,12 +34,16 @@ const MEMFD_NAME: &str = "airlock-init";
 /// before it is executed.
 const MEMFD_MIN_FD: i32 = 32;
 
+/// The sealed memfd holding the init, and its `/proc/self/fd/N` path.
+type Memfd = (OwnedFd, PathBuf);
+
 /// What the helper is started from.
 #[derive(Debug)]
 pub(crate) struct InitProgram {
-    /// The sealed memfd holding the init, and its `/proc/self/fd/N` path; `None` when it
-    /// could not be made.
-    memfd: Option<(OwnedFd, PathBuf)>,
+    /// The memfd being made, until the first helper needs it.
+    making: Mutex<Option<JoinHandle<io::Result<OwnedFd>>>>,
+    /// The memfd once made; `None` when it could not be.
+    memfd: OnceLock<Option<Memfd>>,
     /// Set once executing the memfd failed where the airlock binary did not.
     memfd_refused: AtomicBool,
     /// The airlock binary, executed with its init argument otherwise.
@@ -46,28 +52,49 @@ pub(crate) struct InitProgram {
 
 impl InitProgram {
     /// The init in a sealed memfd where the kernel allows one, with `airlock` (this
-    /// binary) to fall back on.
+    /// binary) to fall back on. The memfd (0.4 ms of copying here) is made on a thread of
+    /// its own, while the caller goes on preparing its first job.
     pub(crate) fn new(airlock: PathBuf) -> Self {
-        let memfd = match seal_init_memfd() {
-            Ok(fd) => {
-                let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-                Some((fd, path))
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "no memfd for the sandbox init; the helper re-executes airlock");
-                None
-            }
-        };
+        let making = std::thread::Builder::new()
+            .name("airlock-init-memfd".into())
+            .spawn(seal_init_memfd)
+            .ok();
         Self {
-            memfd,
+            making: Mutex::new(making),
+            memfd: OnceLock::new(),
             memfd_refused: AtomicBool::new(false),
             airlock,
         }
     }
 
+    /// The memfd, waiting for it to be made the first time.
+    fn memfd(&self) -> Option<&Memfd> {
+        self.memfd
+            .get_or_init(|| {
+                let making = self.making.lock().ok().and_then(|mut m| m.take());
+                let made = match making {
+                    Some(thread) => thread
+                        .join()
+                        .unwrap_or_else(|_| Err(io::Error::other("the memfd thread panicked"))),
+                    None => seal_init_memfd(),
+                };
+                match made {
+                    Ok(fd) => {
+                        let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                        Some((fd, path))
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no memfd for the sandbox init; the helper re-executes airlock");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
     /// The program to start the helper from now.
     pub(crate) fn program(&self) -> &Path {
-        match &self.memfd {
+        match self.memfd() {
             Some((_, path)) if !self.memfd_refused.load(Ordering::Relaxed) => path,
             _ => &self.airlock,
         }
@@ -80,7 +107,7 @@ impl InitProgram {
 
     /// Whether `program` is the memfd.
     pub(crate) fn is_memfd(&self, program: &Path) -> bool {
-        self.memfd.as_ref().is_some_and(|(_, path)| path == program)
+        self.memfd().is_some_and(|(_, path)| path == program)
     }
 
     /// Records that executing the memfd failed (`error`) and the airlock binary served:
@@ -93,7 +120,7 @@ impl InitProgram {
 
     /// Which executable the helper runs, for `airlock doctor`.
     pub(crate) fn describe(&self) -> String {
-        match &self.memfd {
+        match self.memfd() {
             Some(_) if !self.memfd_refused.load(Ordering::Relaxed) => format!(
                 "the static init carried in airlock ({} KiB), executed from a sealed memfd \
                  (airlock itself where the kernel refuses that)",

@@ -86,10 +86,16 @@ fn the_sandbox_is_built_by_the_static_init_from_a_memfd_all_of_it_in_the_job_cgr
     let small_init = "/memfd:airlock-init (deleted)";
     assert_eq!(exe_of(helper), small_init);
     assert_eq!(exe_of(init), small_init);
-    assert_eq!(
-        std::fs::read(format!("/proc/{init}/cmdline")).unwrap(),
-        b"init\0__airlock-init\0"
-    );
+    for pid in [helper, init] {
+        assert_eq!(
+            std::fs::read(format!("/proc/{pid}/cmdline")).unwrap(),
+            b"init\0__airlock-init\0"
+        );
+        assert_eq!(
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap(),
+            "init\n"
+        );
+    }
     // The helper joined the job's group in every hierarchy before it forked anything
     // (through `tasks` on v1, born there on v2): all three have the job's groups, which
     // are not airlock's own.
@@ -170,11 +176,12 @@ fn where_memfds_cannot_be_executed_airlock_itself_builds_the_same_sandbox() {
         "run",
         "--json",
         "-c",
-        "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode())",
+        "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0].decode(), \
+         open('/proc/1/comm').read().strip())",
     ]);
     let run = json_run(cmd.output().unwrap());
     assert_eq!(run.obs["ok"], true, "{:#}\n{}", run.obs, run.stderr);
-    assert_eq!(run.obs["stdout"], "init\n");
+    assert_eq!(run.obs["stdout"], "init init\n");
     assert!(
         run.stderr.contains("no memfd for the sandbox init"),
         "{}",
