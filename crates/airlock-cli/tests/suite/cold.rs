@@ -39,14 +39,18 @@ fn memfds_are_executable() -> bool {
     std::fs::read_to_string("/proc/sys/vm/memfd_noexec").map_or(true, |v| v.trim() != "2")
 }
 
-/// Waits for the host pid of the job process whose command line holds `needle` (as the
-/// command line of `airlock`, its supervisor, does).
-fn wait_for_job(needle: &str, airlock: u32) -> u32 {
+/// Waits for the host pid of the Python job whose command line holds `needle` (as the
+/// command line of `airlock`, its supervisor, does, and of a child it forked until that
+/// child executes another program).
+fn wait_for_job(needle: &str) -> u32 {
     let deadline = Instant::now() + APPEAR_WITHIN;
     loop {
         let found: Vec<u32> = host_pids_with(needle)
             .into_iter()
-            .filter(|pid| *pid != airlock)
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmdline| cmdline.starts_with(b"python3\0"))
+            })
             .collect();
         if let [pid] = found[..] {
             return pid;
@@ -78,7 +82,7 @@ fn the_sandbox_is_built_by_the_static_init_from_a_memfd_all_of_it_in_the_job_cgr
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let job = wait_for_job(&tag, airlock.id());
+    let job = wait_for_job(&tag);
     // job <- init (pid 1 of the sandbox) <- helper <- airlock
     let init = parent_of(job);
     let helper = parent_of(init);
