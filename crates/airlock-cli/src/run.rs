@@ -161,9 +161,14 @@ pub fn run(args: RunArgs) -> ExitCode {
 /// Work left after the observation is printed: the removal of the job's sandbox.
 type Removal = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
-/// No removal pending (the job never reached a backend).
-fn nothing_to_remove() -> Removal {
-    Box::pin(std::future::ready(()))
+/// A job that never reached a backend: its observation, and no sandbox to remove.
+fn without_sandbox(observation: Observation) -> (airlock_core::JobResult, Removal) {
+    let result = airlock_core::JobResult {
+        observation,
+        files: Vec::new(),
+        connections: Vec::new(),
+    };
+    (result, Box::pin(std::future::ready(())))
 }
 
 /// Points stdout at `/dev/null`, so whoever reads it sees its end, while airlock goes on
@@ -240,16 +245,7 @@ fn refuse(kind: ErrorKind, message: impl Into<String>, version: &str) -> Observa
 }
 
 async fn run_async(args: RunArgs) -> (airlock_core::JobResult, Removal) {
-    let result = |observation| {
-        (
-            airlock_core::JobResult {
-                observation,
-                files: Vec::new(),
-                connections: Vec::new(),
-            },
-            nothing_to_remove(),
-        )
-    };
+    let result = without_sandbox;
     let loaded = match &args.policy {
         Some(path) => match LoadedPolicy::from_file(path) {
             Ok(p) => p,
@@ -329,16 +325,7 @@ async fn run_warm(
     audit: AuditLog,
 ) -> (airlock_core::JobResult, Removal) {
     let version = loaded.policy.version.clone();
-    let result = |observation| {
-        (
-            airlock_core::JobResult {
-                observation,
-                files: Vec::new(),
-                connections: Vec::new(),
-            },
-            nothing_to_remove(),
-        )
-    };
+    let result = without_sandbox;
     if backend_kind != BackendKind::Native {
         return result(refuse(
             ErrorKind::InvalidInput,
