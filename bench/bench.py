@@ -14,6 +14,8 @@ Contenders (each where this host has it; a missing one is listed with the reason
   serve cold         `airlock serve`, POST /v1/runs over a keep-alive connection
   serve warm         the same with `[native] warm_pool`: the sandbox and interpreter are
                      started before the job arrives, one sandbox per job
+  serve zygote       the same with `[native] zygote = true`: each warm sandbox forked from
+                     one interpreter that started once (docs/speed.md)
 
 Jobs: `print(sum(range(10)))`, and one that imports json and re and prints 1 MB (airlock
 keeps the first 8 KB: its default stdout cap; the others write to /dev/null or a pipe that
@@ -259,23 +261,75 @@ def metric(addr, series):
     return 0.0
 
 
-def warm_cgroups():
-    """Memory charged to each warm sandbox's cgroup (v1 or v2), in KiB."""
-    found = []
-    for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
-        if not os.path.isdir(root):
+def parent_pid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def below(pid, ancestor):
+    for _ in range(64):
+        pid = parent_pid(pid)
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
+def pool_memory(server_pid):
+    """The sandboxes of one server's warm pool: {cgroup name: (memory charged to the
+    cgroup, PSS of its processes)}, in KiB, for every `warm-*` and `zygote-*` group of a
+    process below the server (cgroup v1 or v2)."""
+    groups = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or not below(int(entry), server_pid):
             continue
-        for dirpath, dirnames, _ in os.walk(root):
-            for d in dirnames:
-                if d.startswith("warm-"):
-                    for name in ("memory.usage_in_bytes", "memory.current"):
-                        path = os.path.join(dirpath, d, name)
-                        if os.path.exists(path):
-                            with open(path) as f:
-                                found.append(int(f.read()) // 1024)
-            if found:
-                return found
-    return found
+        try:
+            with open(f"/proc/{entry}/cgroup") as f:
+                lines = f.read().splitlines()
+            with open(f"/proc/{entry}/smaps_rollup") as f:
+                pss = next(int(l.split()[1]) for l in f if l.startswith("Pss:"))
+        except (OSError, StopIteration):
+            continue
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            name = path.rsplit("/", 1)[-1]
+            if not (name.startswith("warm-") or name.startswith("zygote-")):
+                continue
+            if controllers == "" or "memory" in controllers.split(","):
+                root = "/sys/fs/cgroup" if controllers == "" else "/sys/fs/cgroup/memory"
+                group = groups.setdefault(name, [root + path, 0])
+                group[1] += pss
+    out = {}
+    for name, (path, pss) in groups.items():
+        for file in ("memory.usage_in_bytes", "memory.current"):
+            try:
+                with open(os.path.join(path, file)) as f:
+                    out[name] = (int(f.read()) // 1024, pss)
+                break
+            except OSError:
+                continue
+    return out
+
+
+def mean(values):
+    return sum(values) // len(values) if values else 0
+
+
+def record_pool_memory(memory, name, server_pid):
+    """Adds the memory rows of one server's waiting sandboxes (and zygote) to `memory`."""
+    groups = pool_memory(server_pid)
+    waiting = [v for k, v in groups.items() if k.startswith("warm-")]
+    zygotes = [v for k, v in groups.items() if k.startswith("zygote-")]
+    if waiting:
+        memory[f"{name}: memory charged per waiting sandbox (cgroup, mean)"] = mean([c for c, _ in waiting])
+        memory[f"{name}: PSS per waiting sandbox (its processes, mean)"] = mean([p for _, p in waiting])
+    if zygotes:
+        memory[f"{name}: the zygote's own sandbox (cgroup)"] = mean([c for c, _ in zygotes])
+        memory[f"{name}: the zygote's own sandbox (PSS)"] = mean([p for _, p in zygotes])
 
 
 def main():
@@ -310,7 +364,11 @@ def main():
                 f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
     policy_warm = os.path.join(work, "policy-warm.toml")
     with open(policy_warm, "w") as f:
-        f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\n'
+        f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\nzygote = false\n'
+                f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
+    policy_zygote = os.path.join(work, "policy-zygote.toml")
+    with open(policy_zygote, "w") as f:
+        f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\nzygote = true\n'
                 f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
 
     def py(job):
@@ -356,6 +414,7 @@ def main():
         Contender("airlock podman", airlock_run("podman", policy_image)),
         Contender("serve cold", note="HTTP, a fresh sandbox per job"),
         Contender("serve warm", note=f"HTTP, warm_pool = {args.warm_pool}"),
+        Contender("serve zygote", note=f"HTTP, warm_pool = {args.warm_pool}, zygote = true"),
     ]
     if not shutil.which("bwrap"):
         contenders[1].missing = "bwrap is not installed"
@@ -407,20 +466,21 @@ def main():
             time.sleep(0.5)
             memory["server idle RSS (no pool)"] = rss_kib(proc.pid)
             by_name["serve cold"].pid = proc.pid
-        if not by_name["serve warm"].missing:
-            proc, addr = start_server(airlock, policy_warm, work, "warm")
+        for name, policy, kind in (("serve warm", policy_warm, "warm"),
+                                   ("serve zygote", policy_zygote, "zygote")):
+            if by_name[name].missing:
+                continue
+            proc, addr = start_server(airlock, policy, work, kind)
             servers.append(proc)
-            by_name["serve warm"].server = addr
+            by_name[name].server = addr
             deadline = time.time() + 60
             while metric(addr, "airlock_warm_pool_ready") < args.warm_pool:
                 if time.time() > deadline:
-                    raise SystemExit("the warm pool never filled")
+                    raise SystemExit(f"{name}: the warm pool never filled")
                 time.sleep(0.1)
             time.sleep(0.5)
-            per = warm_cgroups()
-            memory[f"server RSS with {args.warm_pool} warm sandboxes"] = rss_kib(proc.pid)
-            if per:
-                memory["memory charged per warm sandbox (cgroup, mean)"] = sum(per) // len(per)
+            memory[f"{name}: server RSS with {args.warm_pool} sandboxes waiting"] = rss_kib(proc.pid)
+            record_pool_memory(memory, name, proc.pid)
 
         runnable = [c for c in contenders if not c.missing]
         processes = [c for c in runnable if c.argv_for]

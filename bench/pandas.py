@@ -6,6 +6,11 @@ The job imports pandas and sums a three-row DataFrame. Rows:
   serve warm            `airlock serve` with `warm_pool`, the job's import paid in the job
   serve warm preload    the same with `warm_preload = ["numpy", "pandas"]`: each warm
                         interpreter imported them before the job arrived
+  serve zygote preload  the same with `zygote = true`: one interpreter imported them once,
+                        and each warm sandbox is forked from it (docs/speed.md)
+
+Then the memory each waiting sandbox costs with the preload, warm and forked (the cgroup
+it is charged to, and the PSS of its processes), and the zygote's own.
 
 Jobs run one after another, each once a warm sandbox is ready (what an agent's turns see);
 the figure is the median wall time of a request (HTTP on 127.0.0.1) or process, and the
@@ -26,18 +31,22 @@ import sys
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import record_pool_memory  # noqa: E402
+
 JOB = "import pandas\nprint(int(pandas.DataFrame({'a': [1, 2, 3]}).a.sum()))\n"
 EXPECT = "6\n"
 WARM_POOL = 4
 
 
-def serve(airlock, work, name, preload, pylib):
+def serve(airlock, work, name, preload, pylib, zygote):
     policy = os.path.join(work, f"{name}.toml")
     with open(policy, "w") as f:
         f.write(
             f'version = "bench-pandas"\n[limits]\nmemory = "1GiB"\ntimeout = "60s"\n'
             f"[filesystem]\nsite_packages = [{json.dumps(pylib)}]\n"
             f"[native]\nwarm_pool = {WARM_POOL}\nwarm_preload = {json.dumps(preload)}\n"
+            f"zygote = {'true' if zygote else 'false'}\n"
             f'[audit]\npath = "{work}/audit-{name}.jsonl"\nfsync = false\n'
         )
     env = dict(os.environ, AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"))
@@ -65,6 +74,12 @@ def warm_ready(url):
 def hits(url):
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     found = re.search(r'^airlock_warm_pool_jobs_total\{result="hit"\} (\S+)', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def forked_hits(url):
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    found = re.search(r'^airlock_warm_pool_zygote_total\{result="hit"\} (\S+)', text, re.M)
     return float(found.group(1)) if found else 0.0
 
 
@@ -100,9 +115,21 @@ def main():
         assert out == EXPECT, out
     rows["python3"] = times[2:]
 
-    for name, preload in [("serve warm", []), ("serve warm preload", ["numpy", "pandas"])]:
-        proc, url = serve(args.airlock, args.work, name.replace(" ", "-"), preload, args.pylib)
+    memory = {}
+    for name, preload, zygote in [("serve warm", [], False),
+                                  ("serve warm preload", ["numpy", "pandas"], False),
+                                  ("serve zygote preload", ["numpy", "pandas"], True)]:
+        proc, url = serve(args.airlock, args.work, name.replace(" ", "-"), preload, args.pylib,
+                          zygote)
         try:
+            if preload:
+                deadline = time.monotonic() + 120
+                while warm_ready(url) < WARM_POOL:
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"{name}: the warm pool never filled")
+                    time.sleep(0.05)
+                time.sleep(0.5)
+                record_pool_memory(memory, name, proc.pid)
             times = []
             for _ in range(args.runs + 2):
                 deadline = time.monotonic() + 120
@@ -111,9 +138,12 @@ def main():
                         raise SystemExit(f"{name}: the warm pool never filled")
                     time.sleep(0.05)
                 before = hits(url)
+                forked_before = forked_hits(url)
                 times.append(run_http(url))
                 if hits(url) != before + 1:
                     raise SystemExit(f"{name}: a job did not run warm")
+                if zygote and forked_hits(url) != forked_before + 1:
+                    raise SystemExit(f"{name}: a job did not run in a forked sandbox")
             rows[name] = times[2:]
         finally:
             proc.terminate()
@@ -126,6 +156,10 @@ def main():
     for name, times in rows.items():
         median = statistics.median(times)
         print(f"| {name} | {median * 1000:.1f} | {median / base:.2f} |")
+    if memory:
+        print(f"\n| memory, {WARM_POOL} sandboxes waiting, with the preload | KiB |\n|:---|---:|")
+        for key, value in memory.items():
+            print(f"| {key} | {value} |")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ python3 bench/bench.py --airlock "$target_dir/release/airlock" --work "$work" --
 # the pinned package directory the tests use.
 pylib="$(scripts/ci/pylib.sh)"
 python3 bench/pandas.py --airlock "$target_dir/release/airlock" --work "$work" --pylib "$pylib"
+# An HTTPS request through the egress proxy's TLS interception beside a plain tunnel
+# (issue 16), timed inside one job.
+python3 bench/tls.py --airlock "$target_dir/release/airlock" --work "$work"
 if [ -n "$image" ] && docker ps -aq --filter label=airlock.managed | grep -q .; then
   echo "bench/run.sh: airlock containers left behind" >&2
   exit 1

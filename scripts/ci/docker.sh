@@ -29,9 +29,13 @@ fi
 # 1. Packages. docker.io brings containerd, runc and tini; podman brings conmon (and crun
 # or runc: the services below run runc whichever is installed).
 need=()
-for pair in dockerd:docker.io runc:runc runsc:runsc podman:podman debootstrap:debootstrap python3:python3 curl:curl; do
+for pair in dockerd:docker.io runc:runc runsc:runsc podman:podman debootstrap:debootstrap python3:python3 curl:curl node:nodejs; do
   command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
+# The native backend's TLS checks (suite::tls) run the host's requests; every backend's pip
+# check hands the job the host's pip wheel.
+/usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)
+compgen -G '/usr/share/python-wheels/pip-*.whl' >/dev/null || need+=(python3-pip-whl)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -58,13 +62,15 @@ docker_sock=$ci_docker_sock
 podman_sock=$ci_podman_sock
 lap daemons
 
-# 3. The test image: a debootstrap minbase with python3 and curl, trimmed (no /var, /home,
+# 3. The test image: a debootstrap minbase with python3, curl, requests and node, trimmed (no /var, /home,
 # /root, shadow files: nothing a job should see), imported once and saved as an image
 # archive, which loads with the same id into Docker and Podman on every later run.
 image_ref=airlock-test:bookworm
 archive="$state/image.tar"
-# python3 (with its standard library: urllib, json, re) and curl, for the proxy-mode tests.
-packages=python3,curl
+# python3 (with its standard library: urllib, json, re) and curl, for the proxy-mode tests;
+# ca-certificates, requests and node for the TLS interception tests (suite::tls: the job's
+# clients trust its CA bundle; pip comes from the host as an input file).
+packages=python3,curl,ca-certificates,python3-requests,nodejs
 if [ "$(cat "$state/packages" 2>/dev/null)" != "$packages" ]; then
   rm -f "$state/rootfs.tar" "$archive"
 fi
@@ -114,7 +120,7 @@ cargo nextest run --locked --no-run -p airlock-conformance >/dev/null 2>&1 \
   || cargo nextest run --locked --no-run -p airlock-conformance
 lap build
 status=0
-for backend in native warm docker gvisor podman; do
+for backend in native warm zygote docker gvisor podman; do
   log "conformance suite: $backend"
   b0=$(date +%s)
   cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" \
@@ -140,4 +146,4 @@ if [ "$status" != 0 ]; then
   log "conformance FAILED"
   exit 1
 fi
-log "conformance passed on native, native warm (airlock run --warm), docker, gvisor and podman"
+log "conformance passed on native, native warm (airlock run --warm), native forked from a zygote (--warm with [native] zygote), docker, gvisor and podman"

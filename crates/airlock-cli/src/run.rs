@@ -97,7 +97,8 @@ pub struct RunArgs {
     /// Run the job in a warm sandbox, as `airlock serve`'s warm pool does: the sandbox and
     /// the interpreter are started first, then the job is delivered. Slower than a plain
     /// run; for the conformance suite and for diagnosing the warm path. Native backend,
-    /// Python jobs only. Says on stderr whether the job ran warm.
+    /// Python jobs only. Says on stderr whether the job ran warm (with `[native] zygote`:
+    /// in a sandbox forked from a zygote).
     #[arg(long, hide = true)]
     warm: bool,
 
@@ -367,7 +368,9 @@ async fn run_warm(
         .run_detached(request, None, interrupted(), None)
         .await;
     if let Some(stats) = engine.warm_pool() {
-        if stats.hits == 1 {
+        if stats.forked_hits == 1 {
+            eprintln!("airlock: --warm: the job ran in a sandbox forked from a zygote");
+        } else if stats.hits == 1 {
             eprintln!("airlock: --warm: the job ran in a warm sandbox");
         } else if outcome.observation.error.is_none() {
             eprintln!("airlock: --warm: the job ran in a fresh sandbox");

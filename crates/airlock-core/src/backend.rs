@@ -221,4 +221,35 @@ pub struct WarmPoolStats {
     pub failed: u64,
     /// Warm sandboxes found dead while waiting, and discarded.
     pub discarded: u64,
+    /// Of the hits, jobs that ran in a sandbox forked from a zygote (`[native] zygote`).
+    pub forked_hits: u64,
+    /// Of the sandboxes started, those forked from a zygote.
+    pub forked: u64,
+    /// Forks that failed (the slot was then filled by a sandbox started from scratch).
+    pub fork_failed: u64,
+    /// Zygotes started.
+    pub zygotes_started: u64,
+    /// Zygotes that failed to start.
+    pub zygotes_failed: u64,
+    /// Zygotes that died or became unusable while serving (each replaced).
+    pub zygotes_lost: u64,
+}
+
+impl WarmPoolStats {
+    /// The sum of two pools' figures.
+    pub fn add(&mut self, other: &WarmPoolStats) {
+        self.ready += other.ready;
+        self.hits += other.hits;
+        self.misses += other.misses;
+        self.unfit += other.unfit;
+        self.started += other.started;
+        self.failed += other.failed;
+        self.discarded += other.discarded;
+        self.forked_hits += other.forked_hits;
+        self.forked += other.forked;
+        self.fork_failed += other.fork_failed;
+        self.zygotes_started += other.zygotes_started;
+        self.zygotes_failed += other.zygotes_failed;
+        self.zygotes_lost += other.zygotes_lost;
+    }
 }

@@ -29,18 +29,61 @@ pub const BASE_ENV: &[(&str, &str)] = &[
 /// The port of the egress proxy on the job's own `127.0.0.1`, on every backend.
 pub const PROXY_PORT: u16 = 3128;
 
-/// `env` plus the variables that send HTTP(S) through the egress proxy on the job's own
-/// `127.0.0.1:port` (and keep the job's own loopback direct), sorted.
-pub fn with_proxy_env(env: &[(String, String)], port: u16) -> Vec<(String, String)> {
+/// Where the job's CA bundle is, on every backend, when the proxy intercepts TLS: the
+/// bundle file of Debian, Ubuntu and Alpine, replaced by (a bind of) the job's own, which
+/// holds the host's trust roots, the policy's `extra_roots` and the job's CA.
+pub const TRUST_BUNDLE_PATH: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The variables that point TLS clients at [`TRUST_BUNDLE_PATH`]: OpenSSL (Python's `ssl`
+/// and `urllib`, Go), Python `requests`, pip, Node.js (added to its own roots) and curl.
+pub const TRUST_BUNDLE_ENV: [&str; 5] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+    "CURL_CA_BUNDLE",
+];
+
+/// A proxy-mode job's environment: `env`, plus the variables that send HTTP(S) through
+/// the egress proxy on the job's own `127.0.0.1:port` (and keep the job's own loopback
+/// direct); when the proxy intercepts TLS ([`policy::NetworkPolicy::intercepts_tls`]),
+/// the ones naming the job's CA bundle; and for `[network.packages]`, pip's and npm's
+/// index and pip's hash checking. Sorted; a variable set here replaces the job's own.
+pub fn proxy_env(
+    env: &[(String, String)],
+    port: u16,
+    network: &policy::NetworkPolicy,
+) -> Vec<(String, String)> {
     let proxy = format!("http://127.0.0.1:{port}");
-    let set: [(&str, &str); 6] = [
+    let mut set: Vec<(&str, &str)> = vec![
         ("HTTP_PROXY", &proxy),
         ("HTTPS_PROXY", &proxy),
         ("http_proxy", &proxy),
         ("https_proxy", &proxy),
         ("NO_PROXY", "localhost,127.0.0.1,::1"),
         ("no_proxy", "localhost,127.0.0.1,::1"),
+        // Node.js 22.21+ and 24.5+ send fetch() and http(s) through HTTP(S)_PROXY only
+        // when told to; older versions ignore it (docs/proxy.md).
+        ("NODE_USE_ENV_PROXY", "1"),
     ];
+    if network.intercepts_tls() {
+        set.extend(
+            TRUST_BUNDLE_ENV
+                .iter()
+                .map(|name| (*name, TRUST_BUNDLE_PATH)),
+        );
+    }
+    let packages = &network.packages;
+    if let Some(index) = &packages.index {
+        set.push(("PIP_INDEX_URL", index));
+        set.push(("PIP_DISABLE_PIP_VERSION_CHECK", "1"));
+        if packages.require_hashes {
+            set.push(("PIP_REQUIRE_HASHES", "1"));
+        }
+    }
+    if let Some(registry) = &packages.npm_registry {
+        set.push(("npm_config_registry", registry));
+    }
     let mut out: Vec<(String, String)> = env
         .iter()
         .filter(|(name, _)| !set.iter().any(|(n, _)| n == name))
@@ -570,6 +613,57 @@ fn resolve_network(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proxy_env_names_the_ca_bundle_and_the_package_index_only_when_needed() {
+        let env = vec![("SSL_CERT_FILE".to_owned(), "/mine.pem".to_owned())];
+        let mut network = policy::NetworkPolicy {
+            mode: NetworkMode::Proxy,
+            ..policy::NetworkPolicy::default()
+        };
+        let plain = proxy_env(&env, 3128, &network);
+        let get = |env: &[(String, String)], name: &str| {
+            env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            get(&plain, "HTTPS_PROXY").as_deref(),
+            Some("http://127.0.0.1:3128")
+        );
+        assert_eq!(get(&plain, "NODE_USE_ENV_PROXY").as_deref(), Some("1"));
+        // Nothing intercepted: the job's own choice stays.
+        assert_eq!(get(&plain, "SSL_CERT_FILE").as_deref(), Some("/mine.pem"));
+        assert_eq!(get(&plain, "PIP_INDEX_URL"), None);
+        network.packages.index = Some("https://pypi.org/simple".to_owned());
+        network.packages.npm_registry = Some("https://registry.npmjs.org".to_owned());
+        let intercepting = proxy_env(&env, 3128, &network);
+        for name in TRUST_BUNDLE_ENV {
+            assert_eq!(
+                get(&intercepting, name).as_deref(),
+                Some(TRUST_BUNDLE_PATH),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            get(&intercepting, "PIP_INDEX_URL").as_deref(),
+            Some("https://pypi.org/simple")
+        );
+        assert_eq!(
+            get(&intercepting, "PIP_REQUIRE_HASHES").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(&intercepting, "npm_config_registry").as_deref(),
+            Some("https://registry.npmjs.org")
+        );
+        network.packages.require_hashes = false;
+        assert_eq!(
+            get(&proxy_env(&env, 3128, &network), "PIP_REQUIRE_HASHES"),
+            None
+        );
+        let mut sorted = intercepting.clone();
+        sorted.sort();
+        assert_eq!(sorted, intercepting);
+    }
     use crate::error::ErrorKind;
     use pretty_assertions::assert_eq;
 

@@ -143,11 +143,12 @@ impl DockerBackend {
             });
         }
         let runtime_dir = RuntimeDir::open(&config.runtime_dir).map_err(DockerError::JobDir)?;
-        let profile = crate::seccomp::docker_profile(
-            crate::seccomp::POLICY_JSON,
-            config.flavor == Flavor::Gvisor,
-        )
-        .map_err(DockerError::Seccomp)?;
+        let runtime = match config.flavor {
+            Flavor::Gvisor => crate::seccomp::OciRuntime::Gvisor,
+            Flavor::Docker | Flavor::Podman => crate::seccomp::OciRuntime::Runc,
+        };
+        let profile = crate::seccomp::docker_profile(crate::seccomp::POLICY_JSON, runtime)
+            .map_err(DockerError::Seccomp)?;
         // Docker takes the profile's JSON in the request; Podman's compatible API takes a
         // path on the daemon's host (which is this host: the socket is local).
         let seccomp_profile = match config.flavor {
@@ -357,6 +358,15 @@ impl DockerBackend {
             )),
             NetworkMode::None => None,
         };
+        // The job's CA bundle, bound over the image's own when the proxy intercepts TLS.
+        let trust_bundle = match proxy_config.as_ref().and_then(|c| c.trust_bundle_pem()) {
+            Some(pem) => Some(
+                jobdir
+                    .write_trust_bundle(pem)
+                    .map_err(DockerError::JobDir)?,
+            ),
+            None => None,
+        };
         let name = spec::container_name(job);
         let guard = ContainerGuard::new(&self.config.socket, &name);
         let mut created_id = None;
@@ -369,6 +379,7 @@ impl DockerBackend {
                 &image,
                 &jobdir.work(),
                 &empty_file,
+                trust_bundle.as_deref(),
                 out.as_ref(),
                 &name,
                 &mut created_id,
@@ -458,6 +469,7 @@ impl DockerBackend {
         image: &CheckedImage,
         workdir: &std::path::Path,
         empty_file: &std::path::Path,
+        trust_bundle: Option<&std::path::Path>,
         out: Option<&OutMount>,
         name: &str,
         created_id: &mut Option<String>,
@@ -486,6 +498,7 @@ impl DockerBackend {
                 boot_id: &self.boot_id,
                 seccomp_profile: &self.seccomp_profile,
                 empty_file,
+                trust_bundle,
                 nproc_ceiling: self.nproc_ceiling,
                 proxy_port: (job.network == NetworkMode::Proxy)
                     .then_some(airlock_core::job::PROXY_PORT),

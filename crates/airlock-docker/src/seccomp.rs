@@ -5,6 +5,7 @@
 //! BPF); this module only names what the container backends and `airlock kube
 //! seccomp-profile` call.
 
+pub use airlock_sys::seccomp::OciRuntime;
 use airlock_sys::seccomp::SeccompPolicy;
 
 /// The reviewed policy, embedded at build time (the same file the native backend compiles).
@@ -15,9 +16,9 @@ pub const POLICY_JSON: &str = airlock_sys::seccomp::BUILTIN_POLICY_JSON;
 pub type ProfileError = airlock_sys::seccomp::SeccompError;
 
 /// Renders the policy as a Docker/OCI seccomp profile (JSON text for `SecurityOpt:
-/// seccomp=…`). `allow_clone3` is for gVisor: see [`SeccompPolicy::to_oci_profile`].
-pub fn docker_profile(policy_json: &str, allow_clone3: bool) -> Result<String, ProfileError> {
-    SeccompPolicy::parse(policy_json)?.to_oci_profile(allow_clone3)
+/// seccomp=…`) for the kernel that enforces it (see [`OciRuntime`]).
+pub fn docker_profile(policy_json: &str, runtime: OciRuntime) -> Result<String, ProfileError> {
+    SeccompPolicy::parse(policy_json)?.to_oci_profile(runtime)
 }
 
 #[cfg(test)]
@@ -26,9 +27,9 @@ mod tests {
 
     #[test]
     fn the_builtin_policy_renders_for_every_flavour() {
-        for allow_clone3 in [false, true] {
+        for runtime in [OciRuntime::Runc, OciRuntime::Gvisor] {
             let profile: serde_json::Value =
-                serde_json::from_str(&docker_profile(POLICY_JSON, allow_clone3).unwrap()).unwrap();
+                serde_json::from_str(&docker_profile(POLICY_JSON, runtime).unwrap()).unwrap();
             assert_eq!(profile["defaultErrnoRet"], 38);
         }
     }
@@ -36,7 +37,7 @@ mod tests {
     #[test]
     fn a_policy_that_does_not_parse_is_refused() {
         assert!(matches!(
-            docker_profile(r#"{"allow": {}}"#, false),
+            docker_profile(r#"{"allow": {}}"#, OciRuntime::Runc),
             Err(ProfileError::ParsePolicy(_))
         ));
     }

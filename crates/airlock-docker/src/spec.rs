@@ -80,6 +80,10 @@ pub struct ContainerPlan<'a> {
     /// An empty file the job may not write, bound read-only over the device nodes to hide
     /// ([`GVISOR_HIDDEN_DEVICE_NODES`]).
     pub empty_file: &'a Path,
+    /// The job's CA bundle on the host, when the proxy intercepts TLS: bound read-only at
+    /// [`airlock_core::job::TRUST_BUNDLE_PATH`] (over the image's bundle, or where an image
+    /// without one would have it).
+    pub trust_bundle: Option<&'a Path>,
     /// Podman: RLIMIT_NPROC to set explicitly. Rootful Podman otherwise asks for a default
     /// above its own hard limit, which runc cannot set once every capability is dropped.
     /// The job's real process limit is the pids cgroup.
@@ -133,7 +137,7 @@ pub const PROXY_GATE: &[&str] = &[
 /// The job's environment, with the proxy variables in proxy mode.
 pub fn job_env(job: &JobSpec, proxy_port: Option<u16>) -> Vec<(String, String)> {
     match proxy_port {
-        Some(port) => airlock_core::job::with_proxy_env(&job.env, port),
+        Some(port) => airlock_core::job::proxy_env(&job.env, port, &job.network_policy),
         None => job.env.clone(),
     }
 }
@@ -163,6 +167,13 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
     )];
     if let Some(out) = plan.out_dir {
         binds.push(format!("{}:{OUT_DIR}:rw", out.display()));
+    }
+    if let Some(bundle) = plan.trust_bundle {
+        binds.push(format!(
+            "{}:{}:ro",
+            bundle.display(),
+            airlock_core::job::TRUST_BUNDLE_PATH
+        ));
     }
     let mut ulimits = vec![
         ulimit("nofile", i64::from(limits.open_files)),
@@ -291,6 +302,7 @@ mod tests {
             boot_id: "boot",
             seccomp_profile: "{}",
             empty_file: Path::new("/run/airlock-docker/j/empty"),
+            trust_bundle: None,
             nproc_ceiling: Some(32768),
             proxy_port: None,
             cgroup_parent: None,
@@ -430,6 +442,21 @@ mod tests {
             assert!(!host.binds.unwrap().iter().any(|b| b.contains("/dev/")));
             assert!(!host.tmpfs.unwrap().contains_key("/dev/net"));
         }
+    }
+
+    #[test]
+    fn the_jobs_ca_bundle_is_bound_read_only_where_its_variables_point() {
+        let job = job(&Policy::builtin());
+        let mut p = plan(Flavor::Podman);
+        p.trust_bundle = Some(Path::new("/run/airlock-docker/j/trust-bundle.pem"));
+        let binds = container_body(&job, &p).host_config.unwrap().binds.unwrap();
+        assert!(
+            binds.contains(
+                &"/run/airlock-docker/j/trust-bundle.pem:/etc/ssl/certs/ca-certificates.crt:ro"
+                    .to_owned()
+            ),
+            "{binds:?}"
+        );
     }
 
     #[test]

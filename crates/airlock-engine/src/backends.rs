@@ -38,7 +38,8 @@ pub fn open_with(
             let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
             let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
             let mut size = loaded.policy.native.warm_pool;
-            if options.warm_template.is_some() {
+            let single_job = options.warm_template.is_some();
+            if single_job {
                 size = size.max(1);
             }
             if !options.warm_pool || size == 0 {
@@ -53,16 +54,18 @@ pub fn open_with(
                 })?,
                 None => warm_template(&loaded.policy)?,
             };
-            let pool = airlock_native::PooledNative::start(
-                Arc::new(backend),
-                template,
-                size as usize,
-                loaded.policy.native.warm_idle,
-                loaded.policy.native.warm_preload.clone(),
-            )
-            .map_err(BackendError::from)?;
+            let config = airlock_native::PoolConfig {
+                size: size as usize,
+                idle_max: loaded.policy.native.warm_idle,
+                preload: loaded.policy.native.warm_preload.clone(),
+                zygote: loaded.policy.native.zygote,
+                // One job: one sandbox, and no replacement after it.
+                starts_max: single_job.then_some(1),
+            };
+            let pool = airlock_native::PooledNative::start(Arc::new(backend), template, config)
+                .map_err(BackendError::from)?;
             tracing::info!(size, language = %loaded.policy.native.warm_language,
-                "keeping warm sandboxes started");
+                zygote = loaded.policy.native.zygote, "keeping warm sandboxes started");
             Ok(Arc::new(pool))
         }
         BackendKind::Docker => airlock_docker::backend::open(&loaded.policy, Flavor::Docker),

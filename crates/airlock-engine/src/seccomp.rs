@@ -7,5 +7,8 @@ pub use airlock_docker::seccomp::ProfileError;
 /// The builtin seccomp policy as an OCI profile (JSON text), exactly as the Docker, Podman
 /// and Kubernetes backends load it.
 pub fn oci_profile() -> Result<String, ProfileError> {
-    airlock_docker::seccomp::docker_profile(airlock_docker::seccomp::POLICY_JSON, false)
+    airlock_docker::seccomp::docker_profile(
+        airlock_docker::seccomp::POLICY_JSON,
+        airlock_docker::seccomp::OciRuntime::Runc,
+    )
 }

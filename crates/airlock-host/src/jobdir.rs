@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use airlock_core::JobSpec;
@@ -150,6 +150,9 @@ pub struct SweepLock {
     _file: fs::File,
 }
 
+/// The job's CA bundle's file name in its job directory.
+pub const TRUST_BUNDLE_FILE: &str = "trust-bundle.pem";
+
 /// A job directory without a lock file younger than this may still be under construction.
 pub const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -290,6 +293,28 @@ impl JobDir {
             )?;
         }
         crate::workspace::chown_workspace(workspace, ids.job_host_uid(), ids.job_host_gid())
+    }
+
+    /// Writes the job's CA bundle (public certificates only) as `trust-bundle.pem` in the
+    /// job directory, readable by all, and returns its path: the backend binds it over
+    /// [`airlock_core::job::TRUST_BUNDLE_PATH`] in the sandbox. Removed with the directory.
+    pub fn write_trust_bundle(&self, pem: &str) -> Result<PathBuf, HostError> {
+        let path = self.path.join(TRUST_BUNDLE_FILE);
+        let write_err = |source: io::Error| HostError::WriteInput {
+            path: path.clone(),
+            source,
+        };
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(write_err)?;
+        file.write_all(pem.as_bytes()).map_err(write_err)?;
+        // The umask must not narrow it: the job's uid reads it.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(write_err)?;
+        Ok(path)
     }
 
     /// The directory bound at `/work`.

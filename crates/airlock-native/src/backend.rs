@@ -30,8 +30,8 @@ use crate::minimal_root::{MinimalRoot, MinimalRootSpec, ProgramState};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::plan::{
     CONTROL_FD, HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, MSGQUEUE_RLIMIT_BYTES,
-    NAMESPACE_OWNER_SLOTS, PLAN_FD, PROXY_PORT, RlimitResource, RlimitSetting, SIGPENDING_RLIMIT,
-    STATUS_FD, SandboxPlan, USER_NAMESPACE_LIMITS,
+    NAMESPACE_OWNER_SLOTS, PLAN_FD, PROXY_PORT, ProgramRole, RlimitResource, RlimitSetting,
+    SIGPENDING_RLIMIT, STATUS_FD, SandboxPlan, USER_NAMESPACE_LIMITS,
 };
 
 /// Longest time from starting the helper to the program's exec.
@@ -53,7 +53,9 @@ pub const CORE_RLIMIT_BYTES: u64 = 1;
 /// The job's environment: its own, plus in proxy mode where the proxy is.
 fn job_env(job: &JobSpec) -> Vec<(String, String)> {
     match job.network {
-        NetworkMode::Proxy => airlock_core::job::with_proxy_env(&job.env, PROXY_PORT),
+        NetworkMode::Proxy => {
+            airlock_core::job::proxy_env(&job.env, PROXY_PORT, &job.network_policy)
+        }
         NetworkMode::None => job.env.clone(),
     }
 }
@@ -323,11 +325,15 @@ impl NativeBackend {
         })
     }
 
+    /// The sandbox's plan. `trust_bundle`: the job's CA bundle on the host, when the
+    /// proxy intercepts TLS (bound over the root's bundle; a root without one refuses
+    /// the job).
     pub(crate) fn plan(
         &self,
         job: &JobSpec,
         jobdir: &JobDir,
         cgroup: Option<&JobCgroup>,
+        trust_bundle: Option<&Path>,
     ) -> Result<SandboxPlan, NativeError> {
         let layout = match &job.filesystem.rootfs {
             RootfsSpec::Host => self.minimal_layout(job)?,
@@ -354,6 +360,14 @@ impl NativeBackend {
                     .map_err(|source| NativeError::Rootfs { path: tree, source })?
             }
         };
+        if trust_bundle.is_some() {
+            layout
+                .check_trust_bundle_target()
+                .map_err(|reason| NativeError::Unsupported {
+                    control: "TLS interception",
+                    reason,
+                })?;
+        }
         let mounts = mount_plan::build_mount_plan(
             &layout,
             &JobMounts {
@@ -365,6 +379,7 @@ impl NativeBackend {
                     // Every released file needs an inode; directories need some too.
                     inodes: u64::from(job.filesystem.out.max_files) + OUT_SPARE_INODES,
                 }),
+                trust_bundle: trust_bundle.map(Path::to_path_buf),
             },
         );
         let cpu_secs = (job.limits.timeout.as_secs_f64() * f64::from(job.limits.cpus.millis())
@@ -436,6 +451,8 @@ impl NativeBackend {
             send_out_dir: job.filesystem.out.enabled,
             proxy_port: (job.network == NetworkMode::Proxy).then_some(PROXY_PORT),
             control_fd: false,
+            program: ProgramRole::Job,
+            helper_rlimits: Vec::new(),
         })
     }
 
@@ -465,8 +482,12 @@ impl NativeBackend {
         let proxy_config = proxy_config(job)?;
         tracing::debug!(job_id = %job.id, "creating sandbox");
         let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
+        let trust_bundle = match proxy_config.as_ref().and_then(|c| c.trust_bundle_pem()) {
+            Some(pem) => Some(jobdir.write_trust_bundle(pem)?),
+            None => None,
+        };
         let cgroup = self.create_cgroup(job.id.as_str(), job)?;
-        let plan = self.plan(job, &jobdir, cgroup.as_ref())?;
+        let plan = self.plan(job, &jobdir, cgroup.as_ref(), trust_bundle.as_deref())?;
         tracing::debug!(job_id = %job.id, "plan ready");
         let supervised = match self
             .launch(job.id.as_str(), &plan, job.stdin.is_some())
@@ -614,20 +635,20 @@ impl NativeBackend {
         let spawned_at = Instant::now();
         let (plan_read, plan_write) = cloexec_pipe()?;
         let (status_read, status_write) = cloexec_pipe()?;
-        let control = if plan.control_fd {
-            Some(cloexec_pipe()?)
-        } else {
-            None
+        // A warm sandbox's program reads its job from a pipe; a zygote talks with the pool
+        // over a socket (its children's plan in, one request per child it forks).
+        let control = match (plan.control_fd, plan.program) {
+            (false, _) => None,
+            (true, ProgramRole::Job) => Some(cloexec_pipe()?),
+            (true, ProgramRole::Zygote) => Some(
+                unix_socket_pair(rustix::net::SocketType::SEQPACKET)
+                    .map_err(|e| NativeError::Helper(format!("create zygote socket: {e}")))?,
+            ),
         };
         let handoff = if plan.handoff_count() > 0 {
             Some(
-                rustix::net::socketpair(
-                    rustix::net::AddressFamily::UNIX,
-                    rustix::net::SocketType::STREAM,
-                    rustix::net::SocketFlags::CLOEXEC,
-                    None,
-                )
-                .map_err(|e| NativeError::Helper(format!("create /out socket: {e}")))?,
+                unix_socket_pair(rustix::net::SocketType::STREAM)
+                    .map_err(|e| NativeError::Helper(format!("create /out socket: {e}")))?,
             )
         } else {
             None
@@ -701,57 +722,7 @@ impl NativeBackend {
         let (event_tx, mut events) = mpsc::channel(STATUS_EVENTS_MAX);
         let status_task = tokio::spawn(read_events(status_receiver, event_tx));
 
-        let setup_deadline = tokio::time::sleep(SETUP_TIMEOUT);
-        tokio::pin!(setup_deadline);
-        let mut final_event = None;
-        let started_at = loop {
-            tokio::select! {
-                event = events.recv() => match event {
-                    Some(InitEvent::Started) => {
-                        tracing::debug!(sandbox = %label, "program started");
-                        break Some(Instant::now());
-                    }
-                    Some(failed @ InitEvent::Failed { .. }) => {
-                        final_event = Some(failed);
-                        break None;
-                    }
-                    Some(other) => {
-                        tracing::warn!(sandbox = %label, ?other, "event before start");
-                        final_event = Some(other);
-                    }
-                    None => break None,
-                },
-                _ = &mut setup_deadline => {
-                    child.start_kill();
-                    let _ = tokio::time::timeout(KILL_GRACE, child.wait()).await;
-                    return Err(NativeError::Helper(format!(
-                        "the sandbox was not ready within {} s", SETUP_TIMEOUT.as_secs()
-                    )));
-                }
-            }
-        };
-
-        let Some(started_at) = started_at else {
-            let _ = tokio::time::timeout(KILL_GRACE, child.wait()).await;
-            return Err(match final_event {
-                Some(InitEvent::Failed {
-                    step,
-                    errno,
-                    detail,
-                }) => {
-                    if step == "exec" && errno == Some(rustix::io::Errno::NOENT.raw_os_error()) {
-                        NativeError::InterpreterMissing { detail }
-                    } else {
-                        NativeError::Setup {
-                            step,
-                            errno,
-                            detail,
-                        }
-                    }
-                }
-                _ => NativeError::Helper("the sandbox init ended without reporting why".into()),
-            });
-        };
+        let started_at = await_start(label, &mut events, &mut child).await?;
 
         // What the init handed over before the start is queued on the handoff socket now.
         let mut handed = handoff
@@ -916,6 +887,67 @@ impl NativeBackend {
     }
 }
 
+/// Waits until the sandbox's program has started (its `Started` event), at most
+/// [`SETUP_TIMEOUT`]: the moment its wall time may start. A setup failure the sandbox
+/// reported is the error; a sandbox that did not start in time is killed.
+pub(crate) async fn await_start(
+    label: &str,
+    events: &mut mpsc::Receiver<InitEvent>,
+    child: &mut Helper,
+) -> Result<Instant, NativeError> {
+    let setup_deadline = tokio::time::sleep(SETUP_TIMEOUT);
+    tokio::pin!(setup_deadline);
+    let mut final_event = None;
+    let started_at = loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Some(InitEvent::Started) => {
+                    tracing::debug!(sandbox = %label, "program started");
+                    break Some(Instant::now());
+                }
+                Some(failed @ InitEvent::Failed { .. }) => {
+                    final_event = Some(failed);
+                    break None;
+                }
+                Some(other) => {
+                    tracing::warn!(sandbox = %label, ?other, "event before start");
+                    final_event = Some(other);
+                }
+                None => break None,
+            },
+            _ = &mut setup_deadline => {
+                child.start_kill();
+                let _ = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+                return Err(NativeError::Helper(format!(
+                    "the sandbox was not ready within {} s", SETUP_TIMEOUT.as_secs()
+                )));
+            }
+        }
+    };
+    if let Some(started_at) = started_at {
+        return Ok(started_at);
+    }
+    let _ = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+    Err(match final_event {
+        Some(InitEvent::Failed {
+            step,
+            errno,
+            detail,
+        }) => {
+            if step == "exec" && errno == Some(rustix::io::Errno::NOENT.raw_os_error()) {
+                NativeError::InterpreterMissing { detail }
+            } else {
+                NativeError::Setup {
+                    step,
+                    errno,
+                    detail,
+                }
+            }
+        }
+        _ => NativeError::Helper("the sandbox init ended without reporting why".into()),
+    })
+}
+
 /// The egress proxy's configuration for a proxy-mode job, checked before anything is
 /// created: a secret whose value is missing on the host refuses the job.
 pub(crate) fn proxy_config(
@@ -937,20 +969,21 @@ pub(crate) fn proxy_config(
     })
 }
 
-/// A sandbox whose program has started: the helper and what the supervisor holds of it.
+/// A sandbox whose program has started: the helper (for a zygote's child, the sandbox's
+/// leader) and what the supervisor holds of it.
 pub(crate) struct Launched {
-    child: Helper,
-    stdin: Option<HelperInput>,
-    stdout: HelperOutput,
-    stderr: HelperOutput,
-    events: mpsc::Receiver<InitEvent>,
-    status_task: tokio::task::JoinHandle<()>,
-    out_dir: Option<std::os::fd::OwnedFd>,
-    proxy_listener: Option<std::os::fd::OwnedFd>,
-    /// A warm sandbox's control pipe (write end).
-    control: Option<std::os::fd::OwnedFd>,
-    spawned_at: Instant,
-    started_at: Instant,
+    pub(crate) child: Helper,
+    pub(crate) stdin: Option<HelperInput>,
+    pub(crate) stdout: HelperOutput,
+    pub(crate) stderr: HelperOutput,
+    pub(crate) events: mpsc::Receiver<InitEvent>,
+    pub(crate) status_task: tokio::task::JoinHandle<()>,
+    pub(crate) out_dir: Option<std::os::fd::OwnedFd>,
+    pub(crate) proxy_listener: Option<std::os::fd::OwnedFd>,
+    /// A warm sandbox's control pipe (write end), or a zygote's socket.
+    pub(crate) control: Option<std::os::fd::OwnedFd>,
+    pub(crate) spawned_at: Instant,
+    pub(crate) started_at: Instant,
 }
 
 impl Launched {
@@ -1159,6 +1192,18 @@ fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: Option<&CgroupManager>) {
     }
 }
 
+/// A connected pair of close-on-exec unix sockets of `kind`.
+pub(crate) fn unix_socket_pair(
+    kind: rustix::net::SocketType,
+) -> rustix::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        kind,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+}
+
 fn cloexec_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), NativeError> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| NativeError::Helper(format!("create pipe: {e}")))
@@ -1187,7 +1232,10 @@ impl Sandbox for HelperSandbox {
     }
 }
 
-async fn read_events(receiver: tokio::net::unix::pipe::Receiver, tx: mpsc::Sender<InitEvent>) {
+pub(crate) async fn read_events(
+    receiver: tokio::net::unix::pipe::Receiver,
+    tx: mpsc::Sender<InitEvent>,
+) {
     let mut reader = BufReader::new(receiver);
     for _ in 0..STATUS_EVENTS_MAX {
         let mut line = Vec::new();

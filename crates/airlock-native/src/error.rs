@@ -71,6 +71,14 @@ pub enum NativeError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A warm pool's zygote could not start, or could not fork a child.
+    #[error("zygote: {step}: {detail}")]
+    Zygote {
+        /// What was being done.
+        step: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
     /// The interpreter is not in the rootfs.
     #[error("{detail} (is the language installed in this rootfs?)")]
     InterpreterMissing {
@@ -93,6 +101,7 @@ impl NativeError {
             | NativeError::Seccomp(_)
             | NativeError::SpawnHelper { .. }
             | NativeError::Helper(_)
+            | NativeError::Zygote { .. }
             | NativeError::Setup { .. } => ErrorKind::Internal,
         }
     }

@@ -8,7 +8,9 @@ use std::os::fd::OwnedFd;
 /// the job started, so they are queued by the time the supervisor hears it started.
 pub fn receive_handoff(socket: &OwnedFd) -> Vec<OwnedFd> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    // Room for the sender's credentials too: a zygote's child sends on a socket whose
+    // receiving end passes them (crate::zygote), and descriptors that do not fit are lost.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2), ScmCredentials(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut byte = [0u8; 1];
     let mut iov = [std::io::IoSliceMut::new(&mut byte)];

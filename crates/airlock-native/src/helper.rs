@@ -115,6 +115,15 @@ impl Helper {
         start_with_tokio(command)
     }
 
+    /// Holds a process this one did not start, by a pidfd it was handed (a zygote's child,
+    /// whose own parent reaps it): waits watch the pidfd, kills go through it.
+    pub(crate) fn adopt(pidfd: OwnedFd) -> io::Result<Self> {
+        Ok(Self {
+            process: Process::Pidfd(PidfdChild::adopted(pidfd)?),
+            placement: Placement::Born,
+        })
+    }
+
     /// Waits until the helper has exited (and reaps it).
     pub(crate) async fn wait(&mut self) {
         match &mut self.process {
@@ -268,10 +277,12 @@ fn start_in_cgroup(command: &HelperCommand<'_>, dir: &Path) -> Result<Started, S
 }
 
 /// A child held by its pidfd: readable once it exits; killed and reaped when dropped, as
-/// tokio's `kill_on_drop` does for the other kind.
+/// tokio's `kill_on_drop` does for the other kind. An adopted process (not our child) is
+/// only watched and killed: its own parent reaps it.
 struct PidfdChild {
     pidfd: AsyncFd<OwnedFd>,
     reaped: bool,
+    ours: bool,
 }
 
 impl PidfdChild {
@@ -279,14 +290,34 @@ impl PidfdChild {
         Ok(Self {
             pidfd: airlock_sys::process::async_owned_fd(pidfd, tokio::io::Interest::READABLE)?,
             reaped: false,
+            ours: true,
         })
     }
 
+    fn adopted(pidfd: OwnedFd) -> io::Result<Self> {
+        let mut child = Self::new(pidfd)?;
+        child.ours = false;
+        Ok(child)
+    }
+
     /// Reaps the child if it has exited (blocking until it has when `block`); true once
-    /// it is reaped.
+    /// it is reaped (for an adopted process: once it has exited).
     fn reap(&mut self, block: bool) -> bool {
         if self.reaped {
             return true;
+        }
+        if !self.ours {
+            let mut fds = [rustix::event::PollFd::new(
+                self.pidfd.get_ref(),
+                rustix::event::PollFlags::IN,
+            )];
+            let timeout = (!block).then_some(rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            });
+            // Readable (or an error on the pidfd): the process has exited.
+            self.reaped = !matches!(rustix::event::poll(&mut fds, timeout.as_ref()), Ok(0));
+            return self.reaped;
         }
         let mut options = WaitIdOptions::EXITED;
         if !block {
@@ -327,7 +358,7 @@ impl Drop for PidfdChild {
             return;
         }
         self.kill();
-        if self.reap(false) {
+        if self.reap(false) || !self.ours {
             return;
         }
         // Dying after SIGKILL takes a moment; reap it off this thread rather than block.

@@ -33,7 +33,7 @@ use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions};
 
 use crate::plan::{
     CONTROL_FD, HANDOFF_FD, IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep,
-    PLAN_FD, RlimitResource, STATUS_FD, SandboxPlan, Usage,
+    PLAN_FD, ProgramRole, RlimitResource, STATUS_FD, SandboxPlan, Usage,
 };
 
 /// Largest plan accepted (the seccomp programs and environment dominate).
@@ -178,6 +178,10 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     for file in &plan.cgroup_join {
         fs::write(file, "0").step(|| format!("join cgroup {}", file.display()))?;
     }
+
+    // 1b. A zygote's template: the rlimit-counted budgets' ceilings its children share,
+    //     raised while still host root (the user namespace created next takes them).
+    apply_rlimits(&plan.helper_rlimits)?;
 
     // 2. The OOM score, while still host root: written by a process with CAP_SYS_RESOURCE
     //    it also becomes the minimum (oom_score_adj_min), which every descendant inherits,
@@ -416,7 +420,7 @@ fn run_mapper(go: &OwnedFd, helper: Pid, ids: &IdMapping) -> Result<(), StepFail
 /// Pid 1 of the sandbox.
 fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd, handoff: Option<OwnedFd>) -> ! {
     match init_and_spawn(&plan, status, alive, handoff) {
-        Ok(job) => reap_until_job_exits(status, job),
+        Ok(job) => reap_until_job_exits(status, job, plan.program == ProgramRole::Zygote),
         Err(failure) => {
             if !failure.reported {
                 report(status, &failure.event());
@@ -491,10 +495,24 @@ fn init_and_spawn(
 }
 
 /// Reaps every child (orphans are reparented to pid 1) until the job itself exits, then
-/// reports how it ended and exits, which tears down the pid namespace.
-fn reap_until_job_exits(status: &OwnedFd, job: Pid) -> ! {
+/// reports how it ended and exits, which tears down the pid namespace. With `outlive_job`
+/// (a zygote's template) it reports the program's end and goes on reaping until no process
+/// of the namespace is left: the zygote's children, each running a job in namespaces of
+/// its own below this one, would otherwise end with it.
+fn reap_until_job_exits(status: &OwnedFd, job: Pid, outlive_job: bool) -> ! {
     loop {
         match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, st))) if pid == job && outlive_job => {
+                let event = match (st.exit_status(), st.terminating_signal()) {
+                    (Some(code), _) => InitEvent::Exited { code, usage: None },
+                    (None, Some(signal)) => InitEvent::Signaled {
+                        signal,
+                        usage: None,
+                    },
+                    (None, None) => continue,
+                };
+                report(status, &event);
+            }
             Ok(Some((pid, st))) if pid == job => {
                 let usage = process::children_usage().ok().map(|(cpu, rss)| Usage {
                     cpu_ms: u64::try_from(cpu.as_millis()).unwrap_or(u64::MAX),
@@ -512,6 +530,8 @@ fn reap_until_job_exits(status: &OwnedFd, job: Pid) -> ! {
             }
             Ok(_) => continue,
             Err(rustix::io::Errno::INTR) => continue,
+            // No child left: only reached when outliving the job.
+            Err(rustix::io::Errno::CHILD) => process::exit_now(0),
             Err(_) => process::exit_now(1),
         }
     }
@@ -717,6 +737,9 @@ fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
             let path = root.join(target);
             if meta.is_dir() {
                 mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
+            } else if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                // A file of a read-only root (the CA bundle): mounted over as it is, since
+                // opening it to create it would fail there.
             } else {
                 if let Some(parent) = path.parent() {
                     mkdir_all(parent, 0o755).step(|| format!("mkdir for /{target}"))?;
@@ -839,54 +862,18 @@ enum Never {}
 
 fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
     rustix::process::setsid().step(|| "setsid".into())?;
-    for setting in &plan.rlimits {
-        let resource = match setting.resource {
-            RlimitResource::Nofile => Resource::Nofile,
-            RlimitResource::Fsize => Resource::Fsize,
-            RlimitResource::Core => Resource::Core,
-            RlimitResource::Cpu => Resource::Cpu,
-            RlimitResource::As => Resource::As,
-            RlimitResource::Nproc => Resource::Nproc,
-            RlimitResource::Msgqueue => Resource::Msgqueue,
-            RlimitResource::Sigpending => Resource::Sigpending,
-        };
-        rustix::process::setrlimit(
-            resource,
-            Rlimit {
-                current: Some(setting.value),
-                maximum: Some(setting.value),
-            },
-        )
-        .step(|| format!("setrlimit {:?} {}", setting.resource, setting.value))?;
+    apply_rlimits(&plan.rlimits)?;
+    match plan.program {
+        ProgramRole::Job => drop_privileges(plan)?,
+        // The zygote keeps the namespace root's capabilities (see ProgramRole::Zygote); its
+        // children drop them, each for its own job.
+        ProgramRole::Zygote => {
+            rustix::thread::set_no_new_privs(true).step(|| "set no_new_privs".into())?;
+        }
     }
-
-    // Capabilities: the bounding set first (dropping needs CAP_SETPCAP), then ambient,
-    // then the identity switch, then the remaining sets explicitly (a rootless setresuid
-    // to the same uid would not clear them by itself).
-    process::drop_bounding_set().step(|| "drop bounding set".into())?;
-    rustix::thread::clear_ambient_capability_set().step(|| "clear ambient capabilities".into())?;
-    let job_gid = gid(JOB_ID_IN_SANDBOX);
-    let job_uid = uid(JOB_ID_IN_SANDBOX);
-    rustix::thread::set_thread_res_gid(job_gid, job_gid, job_gid)
-        .step(|| "setresgid 65534".into())?;
-    if !plan.ids.deny_setgroups() {
-        rustix::thread::set_thread_groups(&[]).step(|| "setgroups []".into())?;
-    }
-    rustix::thread::set_thread_res_uid(job_uid, job_uid, job_uid)
-        .step(|| "setresuid 65534".into())?;
-    let none = rustix::thread::CapabilitySet::empty();
-    rustix::thread::set_capabilities(
-        None,
-        rustix::thread::CapabilitySets {
-            effective: none,
-            permitted: none,
-            inheritable: none,
-        },
-    )
-    .step(|| "clear capabilities".into())?;
-    rustix::thread::set_no_new_privs(true).step(|| "set no_new_privs".into())?;
 
     rustix::process::chdir(plan.cwd.as_str()).step(|| format!("chdir {}", plan.cwd))?;
+
     let program = resolve_program(plan)?;
     let argv: Vec<CString> = plan
         .argv
@@ -914,17 +901,74 @@ fn prepare_and_exec(plan: &SandboxPlan) -> Result<Never, StepFailure> {
     }
 
     // Last: from here on, only what the filter allows.
-    plan.seccomp.install().map_err(|e| StepFailure {
-        step: "install seccomp".into(),
-        errno: None,
-        detail: e.to_string(),
-        reported: false,
-    })?;
+    if plan.program == ProgramRole::Job {
+        plan.seccomp.install().map_err(|e| StepFailure {
+            step: "install seccomp".into(),
+            errno: None,
+            detail: e.to_string(),
+            reported: false,
+        })?;
+    }
     let err = process::execve(&program, &argv, &envp);
     Err(StepFailure::new(
         format!("exec {}", program.to_string_lossy()),
         &err,
     ))
+}
+
+/// Sets each rlimit, soft and hard.
+fn apply_rlimits(settings: &[crate::plan::RlimitSetting]) -> Result<(), StepFailure> {
+    for setting in settings {
+        let resource = match setting.resource {
+            RlimitResource::Nofile => Resource::Nofile,
+            RlimitResource::Fsize => Resource::Fsize,
+            RlimitResource::Core => Resource::Core,
+            RlimitResource::Cpu => Resource::Cpu,
+            RlimitResource::As => Resource::As,
+            RlimitResource::Nproc => Resource::Nproc,
+            RlimitResource::Msgqueue => Resource::Msgqueue,
+            RlimitResource::Sigpending => Resource::Sigpending,
+        };
+        rustix::process::setrlimit(
+            resource,
+            Rlimit {
+                current: Some(setting.value),
+                maximum: Some(setting.value),
+            },
+        )
+        .step(|| format!("setrlimit {:?} {}", setting.resource, setting.value))?;
+    }
+    Ok(())
+}
+
+/// The job's identity and privileges: every capability set emptied, uid and gid 65534,
+/// `no_new_privs`.
+fn drop_privileges(plan: &SandboxPlan) -> Result<(), StepFailure> {
+    // Capabilities: the bounding set first (dropping needs CAP_SETPCAP), then ambient,
+    // then the identity switch, then the remaining sets explicitly (a rootless setresuid
+    // to the same uid would not clear them by itself).
+    process::drop_bounding_set().step(|| "drop bounding set".into())?;
+    rustix::thread::clear_ambient_capability_set().step(|| "clear ambient capabilities".into())?;
+    let job_gid = gid(JOB_ID_IN_SANDBOX);
+    let job_uid = uid(JOB_ID_IN_SANDBOX);
+    rustix::thread::set_thread_res_gid(job_gid, job_gid, job_gid)
+        .step(|| "setresgid 65534".into())?;
+    if !plan.ids.deny_setgroups() {
+        rustix::thread::set_thread_groups(&[]).step(|| "setgroups []".into())?;
+    }
+    rustix::thread::set_thread_res_uid(job_uid, job_uid, job_uid)
+        .step(|| "setresuid 65534".into())?;
+    let none = rustix::thread::CapabilitySet::empty();
+    rustix::thread::set_capabilities(
+        None,
+        rustix::thread::CapabilitySets {
+            effective: none,
+            permitted: none,
+            inheritable: none,
+        },
+    )
+    .step(|| "clear capabilities".into())?;
+    rustix::thread::set_no_new_privs(true).step(|| "set no_new_privs".into())
 }
 
 fn bad_input(step: &str, detail: &str) -> StepFailure {

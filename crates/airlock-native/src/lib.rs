@@ -18,7 +18,8 @@ pub mod minimal_root;
 mod mount_plan;
 pub mod plan;
 mod pool;
+pub mod zygote;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;
-pub use pool::PooledNative;
+pub use pool::{PoolConfig, PooledNative};

@@ -131,6 +131,49 @@ impl RootfsLayout {
         })
     }
 
+    /// Checks that the job's root has a regular file at
+    /// [`airlock_core::job::TRUST_BUNDLE_PATH`], reached through directories only (no
+    /// symbolic link on the way, so the bind lands where it is shown), for the job's CA
+    /// bundle to be bound over: a read-only root cannot take a new file. The error says
+    /// what is missing.
+    pub fn check_trust_bundle_target(&self) -> Result<(), String> {
+        let target = trust_bundle_target();
+        let shown = |reason: &str| {
+            format!(
+                "the job's root has no {reason} at /{target} for the job's CA bundle \
+                 (the proxy intercepts TLS): install ca-certificates in it"
+            )
+        };
+        let first = target.split('/').next().unwrap_or_default();
+        let from_root = if self.synthesize_etc {
+            // The synthesized /etc shows the host's certificate directory.
+            self.etc_extras
+                .iter()
+                .any(|e| target.starts_with(&format!("{e}/")))
+        } else {
+            self.entries
+                .iter()
+                .any(|e| matches!(e, RootEntry::Dir(name) if name == first))
+        };
+        if !from_root {
+            return Err(shown("directory"));
+        }
+        let mut path = self.root.clone();
+        let parts: Vec<&str> = target.split('/').collect();
+        for (i, part) in parts.iter().enumerate() {
+            path.push(part);
+            let meta = fs::symlink_metadata(&path).map_err(|_| shown("file"))?;
+            let last = i + 1 == parts.len();
+            if meta.file_type().is_symlink() {
+                return Err(shown("regular file (a symbolic link is in the way)"));
+            }
+            if (last && !meta.is_file()) || (!last && !meta.is_dir()) {
+                return Err(shown("regular file"));
+            }
+        }
+        Ok(())
+    }
+
     /// Reads a prepared minimal root (crate::minimal_root): its top-level entries, each
     /// directory an overlay with `spare` as the second layer; `/etc` is in the tree.
     pub fn probe_prepared(tree: &Path, spare: &Path) -> io::Result<Self> {
@@ -205,6 +248,15 @@ pub struct JobMounts {
     pub tmp_bytes: u64,
     /// `/out`, when the job has one.
     pub out: Option<OutMount>,
+    /// The job's CA bundle on the host, bound read-only over the root's own bundle at
+    /// [`airlock_core::job::TRUST_BUNDLE_PATH`] when the proxy intercepts TLS
+    /// ([`RootfsLayout::check_trust_bundle_target`] first).
+    pub trust_bundle: Option<PathBuf>,
+}
+
+/// [`airlock_core::job::TRUST_BUNDLE_PATH`] relative to the new root.
+pub fn trust_bundle_target() -> &'static str {
+    airlock_core::job::TRUST_BUNDLE_PATH.trim_start_matches('/')
 }
 
 /// The job's `/out`: a tmpfs whose size and inode count are the caps, owned by the job.
@@ -295,6 +347,16 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
                 optional: true,
             });
         }
+    }
+
+    // The job's CA bundle over the root's own (an overlay or a bind of /etc by now).
+    if let Some(bundle) = &job.trust_bundle {
+        steps.push(MountStep::Bind {
+            source: bundle.clone(),
+            target: trust_bundle_target().to_owned(),
+            options: MountOptions::RO_NOEXEC,
+            optional: false,
+        });
     }
 
     // A minimal /dev: a small tmpfs with five device nodes, the usual links and a /dev/shm.
@@ -542,7 +604,69 @@ mod tests {
             workdir_mode: WorkdirMode::Ro,
             tmp_bytes: 16 * 1024 * 1024,
             out: None,
+            trust_bundle: None,
         }
+    }
+
+    #[test]
+    fn the_jobs_ca_bundle_is_bound_read_only_over_the_roots_after_etc() {
+        for layout in [merged_usr_host(), minimal_root()] {
+            let mut mounts = job();
+            mounts.trust_bundle = Some(PathBuf::from("/run/airlock/JOB/trust-bundle.pem"));
+            let plan = build_mount_plan(&layout, &mounts);
+            let at = |wanted: &dyn Fn(&MountStep) -> bool| plan.iter().position(wanted);
+            let bundle = at(&|s| {
+                matches!(s, MountStep::Bind { target, source, options, optional: false }
+                    if target == "etc/ssl/certs/ca-certificates.crt"
+                        && source == Path::new("/run/airlock/JOB/trust-bundle.pem")
+                        && *options == MountOptions::RO_NOEXEC)
+            })
+            .expect("the bundle's bind");
+            // After whatever shows /etc (the overlay, or the synthesized /etc's certificate
+            // directory), so nothing covers it.
+            let etc = plan
+                .iter()
+                .rposition(|s| match s {
+                    MountStep::Overlay { target, .. } => target == "etc",
+                    MountStep::Bind { target, .. } => {
+                        target.starts_with("etc/") && target != "etc/ssl/certs/ca-certificates.crt"
+                    }
+                    _ => false,
+                })
+                .expect("a step that shows /etc");
+            assert!(bundle > etc, "{plan:#?}");
+        }
+        assert!(!build_mount_plan(&merged_usr_host(), &job()).iter().any(
+            |s| matches!(s, MountStep::Bind { target, .. } if target.contains("ca-certificates"))
+        ));
+    }
+
+    #[test]
+    fn the_bundle_target_must_be_a_file_reached_through_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("usr")).unwrap();
+        std::fs::create_dir_all(root.join("etc/ssl/certs")).unwrap();
+        let probe = || RootfsLayout::probe_dir(&root).unwrap();
+        let err = probe().check_trust_bundle_target().unwrap_err();
+        assert!(err.contains("install ca-certificates"), "{err}");
+        std::fs::write(root.join("etc/ssl/certs/ca-certificates.crt"), "x").unwrap();
+        probe().check_trust_bundle_target().unwrap();
+        // A link on the way could carry the bind somewhere else.
+        std::fs::rename(root.join("etc/ssl"), root.join("etc/real-ssl")).unwrap();
+        std::os::unix::fs::symlink("real-ssl", root.join("etc/ssl")).unwrap();
+        let err = probe().check_trust_bundle_target().unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        // The synthesized /etc shows the host's certificate directory only when it is
+        // among the extras.
+        let mut host = merged_usr_host();
+        host.root = dir.path().join("host");
+        std::fs::create_dir_all(host.root.join("etc/ssl/certs")).unwrap();
+        std::fs::write(host.root.join("etc/ssl/certs/ca-certificates.crt"), "x").unwrap();
+        host.etc_extras = vec!["etc/ssl/certs".to_owned()];
+        host.check_trust_bundle_target().unwrap();
+        host.etc_extras.clear();
+        assert!(host.check_trust_bundle_target().is_err());
     }
 
     #[test]

@@ -287,9 +287,36 @@ pub struct SandboxPlan {
     /// on [`HANDOFF_FD`] (after `/out`, when both are sent).
     pub proxy_port: Option<u16>,
     /// Whether the program inherits the control pipe's read end on [`CONTROL_FD`] (warm
-    /// sandboxes only).
+    /// sandboxes only; a zygote gets its end of a socket there instead).
     #[serde(default)]
     pub control_fd: bool,
+    /// What the program is: a job's (every privilege dropped, both filters installed) or a
+    /// warm pool's zygote.
+    #[serde(default)]
+    pub program: ProgramRole,
+    /// rlimits the helper sets on itself (soft and hard) as host root, before it creates
+    /// the user namespace, which takes its per-namespace ceilings of the rlimit-counted
+    /// budgets from them. A zygote's template raises the message-queue and queued-signal
+    /// ceilings to the sum its children may hold ([`crate::zygote`]); empty otherwise.
+    #[serde(default)]
+    pub helper_rlimits: Vec<RlimitSetting>,
+}
+
+/// What a sandbox's program is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgramRole {
+    /// A job: it runs as uid 65534 with no capability, `no_new_privs` and both seccomp
+    /// filters.
+    #[default]
+    Job,
+    /// A warm pool's zygote ([`crate::zygote`]): airlock's own Python program, which never
+    /// runs job code. It keeps the sandbox root's capabilities, inside the template
+    /// sandbox's namespaces only (never the host's), because each child it forks builds its
+    /// own namespaces and then drops them all; it gets `no_new_privs` and no seccomp filter,
+    /// like the init. The init then outlives it until every process of the sandbox is gone,
+    /// so that its children's jobs never end with it.
+    Zygote,
 }
 
 impl SandboxPlan {

@@ -26,58 +26,22 @@ use tokio::sync::Notify;
 
 use crate::backend::{Launched, NativeBackend, teardown};
 use crate::error::NativeError;
+use crate::zygote::{ZYGOTE_CHILDREN_MAX, Zygote};
 use airlock_host::jobdir::JobDir;
 
-/// The bootstrap a warm sandbox's interpreter runs (`python3 <flags> -c BOOTSTRAP`).
+/// The bootstrap a warm sandbox's interpreter runs (`python3 <flags> -c BOOTSTRAP`):
+/// [`PYTHON_RUN_JOB`] and its call.
+pub const PYTHON_BOOTSTRAP: &str = concat!(include_str!("run_job.py"), "_airlock_run()\n");
+
+/// The job runner of a warm sandbox's bootstrap and of a zygote's children, defining
+/// `_airlock_run()`.
 ///
 /// It reads the job's `argv` (script path first, NUL-separated) from descriptor 6 until
 /// end-of-file, closes it, makes `__main__` look as it does for a script (its namespace
 /// emptied but for `__builtins__`), and runs the script there. An uncaught exception is
 /// printed without the bootstrap's own frame and exits 1, as for a script; `SystemExit`
 /// passes through. Everything it names is local, so nothing of it is left in `__main__`.
-pub const PYTHON_BOOTSTRAP: &str = r#"def _airlock_run():
-    import os, sys
-    chunks = []
-    while True:
-        chunk = os.read(6, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(6)
-    message = b"".join(chunks)
-    if not message:
-        os._exit(0)
-    argv = [os.fsdecode(a) for a in message.split(b"\0")]
-    path = argv[0]
-    sys.argv = argv
-    sys.orig_argv = sys.orig_argv[:-2] + argv
-    import __main__
-    SourceFileLoader = sys.modules["_frozen_importlib_external"].SourceFileLoader
-    namespace = __main__.__dict__
-    builtins = namespace["__builtins__"]
-    namespace.clear()
-    namespace.update(__name__="__main__", __doc__=None, __package__=None,
-                     __loader__=SourceFileLoader("__main__", path), __spec__=None,
-                     __annotations__={}, __builtins__=builtins, __file__=path,
-                     __cached__=None)
-    del builtins, chunks, chunk, message, argv, __main__, SourceFileLoader
-    try:
-        with open(path, "rb") as source:
-            code = compile(source.read(), path, "exec", dont_inherit=True)
-    except SyntaxError as e:
-        e.__traceback__ = None
-        sys.excepthook(type(e), e, None)
-        sys.exit(1)
-    try:
-        exec(code, namespace)
-    except SystemExit:
-        raise
-    except BaseException as e:
-        e.__traceback__ = e.__traceback__.tb_next
-        sys.excepthook(type(e), e, e.__traceback__)
-        sys.exit(1)
-_airlock_run()
-"#;
+pub const PYTHON_RUN_JOB: &str = include_str!("run_job.py");
 
 /// Longest wait between attempts when warm sandboxes fail to start.
 const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -85,6 +49,10 @@ const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 const REFILL_BATCH_MAX: usize = 8;
 /// First wait after a failed start.
 const REFILL_BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// Longest wait at shutdown for the refill to end.
+const SHUTDOWN_REFILL_WAIT: Duration = Duration::from_secs(30);
+/// Longest wait before a zygote is started again after its start failed.
+const ZYGOTE_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// A started sandbox waiting for its job.
 struct Warm {
@@ -94,6 +62,9 @@ struct Warm {
     launched: Launched,
     jobdir: JobDir,
     cgroup: Option<JobCgroup>,
+    /// The zygote it was forked from, kept until the sandbox is removed: its template
+    /// sandbox must outlive every child.
+    zygote: Option<Arc<Zygote>>,
 }
 
 #[derive(Default)]
@@ -104,6 +75,23 @@ struct Counters {
     started: AtomicU64,
     failed: AtomicU64,
     discarded: AtomicU64,
+    forked_hits: AtomicU64,
+    forked: AtomicU64,
+    fork_failed: AtomicU64,
+    zygotes_started: AtomicU64,
+    zygotes_failed: AtomicU64,
+    zygotes_lost: AtomicU64,
+}
+
+/// The pool's zygotes ([native] zygote): the one it forks from, and those retired
+/// (idle past their lifetime, or dead) whose children still run.
+#[derive(Default)]
+struct Zygotes {
+    active: Option<Arc<Zygote>>,
+    retired: Vec<Arc<Zygote>>,
+    /// No new zygote is started before this, after one failed to start.
+    retry_at: Option<Instant>,
+    backoff: Duration,
 }
 
 struct Shared {
@@ -117,11 +105,33 @@ struct Shared {
     wake: Notify,
     closed: AtomicBool,
     counters: Counters,
+    /// Whether sandboxes are forked from a zygote ([native] zygote).
+    zygote: bool,
+    zygotes: Mutex<Zygotes>,
+    starts_max: Option<u64>,
+}
+
+/// How a pool of warm sandboxes is kept.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Sandboxes kept ready ([native] warm_pool).
+    pub size: usize,
+    /// Longest a sandbox (or a zygote) waits before it is replaced ([native] warm_idle).
+    pub idle_max: Duration,
+    /// Modules each warm interpreter, or the zygote, imports ([native] warm_preload).
+    pub preload: Vec<String>,
+    /// Whether sandboxes are forked from a zygote ([native] zygote).
+    pub zygote: bool,
+    /// Most sandboxes ever started, `None` for no bound: `airlock run --warm` starts one,
+    /// for its one job, and no replacement after it.
+    pub starts_max: Option<u64>,
 }
 
 /// The native backend with a pool of warm sandboxes for one language's jobs.
 pub struct PooledNative {
     shared: Arc<Shared>,
+    /// The refill task, awaited at shutdown so that nothing it is starting is left behind.
+    refill: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for PooledNative {
@@ -140,10 +150,15 @@ impl PooledNative {
     pub fn start(
         backend: Arc<NativeBackend>,
         template: JobSpec,
-        size: usize,
-        idle_max: Duration,
-        preload: Vec<String>,
+        config: PoolConfig,
     ) -> Result<Self, NativeError> {
+        let PoolConfig {
+            size,
+            idle_max,
+            preload,
+            zygote,
+            starts_max,
+        } = config;
         if template.network != NetworkMode::None {
             return Err(NativeError::Unsupported {
                 control: "warm pool",
@@ -173,6 +188,15 @@ impl PooledNative {
                 ),
             });
         }
+        let zygote = zygote && {
+            let root = matches!(backend.id_mapping(), crate::plan::IdMapping::Root { .. });
+            if !root {
+                tracing::warn!(
+                    "[native] zygote needs a root airlock; warm sandboxes start from scratch"
+                );
+            }
+            root
+        };
         let shared = Arc::new(Shared {
             backend,
             template,
@@ -183,9 +207,15 @@ impl PooledNative {
             wake: Notify::new(),
             closed: AtomicBool::new(false),
             counters: Counters::default(),
+            zygote,
+            zygotes: Mutex::new(Zygotes::default()),
+            starts_max,
         });
-        tokio::spawn(refill(shared.clone()));
-        Ok(Self { shared })
+        let refill = tokio::spawn(refill(shared.clone()));
+        Ok(Self {
+            shared,
+            refill: Mutex::new(Some(refill)),
+        })
     }
 
     /// The pool's figures.
@@ -199,6 +229,12 @@ impl PooledNative {
             started: c.started.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             discarded: c.discarded.load(Ordering::Relaxed),
+            forked_hits: c.forked_hits.load(Ordering::Relaxed),
+            forked: c.forked.load(Ordering::Relaxed),
+            fork_failed: c.fork_failed.load(Ordering::Relaxed),
+            zygotes_started: c.zygotes_started.load(Ordering::Relaxed),
+            zygotes_failed: c.zygotes_failed.load(Ordering::Relaxed),
+            zygotes_lost: c.zygotes_lost.load(Ordering::Relaxed),
         }
     }
 
@@ -216,6 +252,18 @@ impl PooledNative {
     pub async fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.wake.notify_one();
+        // The refill ends once the sandboxes it is starting are ready or failed, and
+        // removes them; a zygote still importing its preload is not waited for past this.
+        let refill = self.refill.lock().ok().and_then(|mut r| r.take());
+        if let Some(refill) = refill
+            && tokio::time::timeout(SHUTDOWN_REFILL_WAIT, refill)
+                .await
+                .is_err()
+        {
+            tracing::warn!(
+                "the warm pool's refill did not end in time; the next start sweeps what it left"
+            );
+        }
         let drained: Vec<Warm> = match self.shared.ready.lock() {
             Ok(mut ready) => ready.drain(..).collect(),
             Err(_) => Vec::new(),
@@ -223,6 +271,7 @@ impl PooledNative {
         for warm in drained {
             discard(warm).await;
         }
+        remove_zygotes(&self.shared).await;
     }
 
     /// Runs `job`: in a warm sandbox when it fits and one is ready, else in a fresh one.
@@ -265,7 +314,11 @@ impl PooledNative {
             return shared.backend.run_job_then_teardown(job, tap).await;
         }
         shared.counters.hits.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(job_id = %job.id, sandbox = %warm.name, "job delivered to a warm sandbox");
+        if warm.zygote.is_some() {
+            shared.counters.forked_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::debug!(job_id = %job.id, sandbox = %warm.name, forked = warm.zygote.is_some(),
+            "job delivered to a warm sandbox");
         match self.deliver(job, tap, warm).await {
             Ok((report, removal)) => {
                 let shared = self.shared.clone();
@@ -319,6 +372,7 @@ impl PooledNative {
             launched,
             jobdir,
             cgroup,
+            zygote,
             ..
         } = warm;
         // The job's files, then the CPU the sandbox used while waiting (left out of the
@@ -345,10 +399,14 @@ impl PooledNative {
         if let Err(e) = written {
             launched.kill().await;
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
+            drop(zygote);
             return Err(e.into());
         }
         let message = control_message(&self.shared.template, job);
         let setup = delivered_at.elapsed();
+        tracing::debug!(job_id = %job.id, sandbox = %name,
+            sandbox_cpu_us = cpu_before.as_micros() as u64,
+            "CPU the sandbox used before its job (left out of the job's)");
         let supervised = backend
             .finish(job, launched, tap, None, Some(message))
             .await
@@ -357,9 +415,17 @@ impl PooledNative {
                 s
             });
         tracing::debug!(job_id = %job.id, sandbox = %name, "job over; tearing down");
-        backend
+        let (report, removal) = backend
             .conclude(job, supervised, cgroup, jobdir, cpu_before)
-            .await
+            .await?;
+        // A forked sandbox's zygote (its template) is released once the sandbox is gone.
+        Ok((
+            report,
+            Teardown::new(async move {
+                removal.run().await;
+                drop(zygote);
+            }),
+        ))
     }
 }
 
@@ -414,33 +480,10 @@ impl Backend for PooledNative {
 }
 
 /// What a warm sandbox's interpreter runs before the bootstrap when the policy names
-/// modules to preload (`{MODULES}`: a Python list of the checked module names). It imports
-/// each with the interpreter's own output sent to `/dev/null` and warnings silenced, so
-/// nothing of it reaches the job's output; a module that fails to import is skipped.
-pub const PYTHON_PRELOAD: &str = r#"def _airlock_preload(names):
-    import importlib, os, sys, warnings
-    null = os.open(os.devnull, os.O_WRONLY)
-    saved = [os.dup(1), os.dup(2)]
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for name in names:
-                try:
-                    importlib.import_module(name)
-                except Exception:
-                    pass
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved + [null]:
-            os.close(fd)
-_airlock_preload({MODULES})
-del _airlock_preload
-"#;
+/// modules to preload: it defines `_airlock_preload(names)`, which imports each with the
+/// interpreter's own output sent to `/dev/null` and warnings silenced, so nothing of it
+/// reaches the job's output; a module that fails to import is skipped.
+pub const PYTHON_PRELOAD: &str = include_str!("preload.py");
 
 /// The warm sandbox's argv: the template's interpreter and flags, then `-c BOOTSTRAP`
 /// (after the preload, when there is one) in place of the source file. `None` unless the
@@ -455,13 +498,19 @@ fn warm_argv(template: &JobSpec, preload: &[String]) -> Option<Vec<String>> {
     if preload.is_empty() {
         argv.push(PYTHON_BOOTSTRAP.to_owned());
     } else {
-        // The names are checked identifiers ([native] warm_preload): as Python string
-        // literals they need no escaping.
-        let names: Vec<String> = preload.iter().map(|m| format!("\"{m}\"")).collect();
-        let preamble = PYTHON_PRELOAD.replace("{MODULES}", &format!("[{}]", names.join(", ")));
-        argv.push(format!("{preamble}{PYTHON_BOOTSTRAP}"));
+        argv.push(format!(
+            "{PYTHON_PRELOAD}_airlock_preload({})\ndel _airlock_preload\n{PYTHON_BOOTSTRAP}",
+            python_module_list(preload)
+        ));
     }
     Some(argv)
+}
+
+/// `preload` as a Python list literal. The names are checked identifiers ([native]
+/// warm_preload), which need no escaping as string literals.
+pub(crate) fn python_module_list(preload: &[String]) -> String {
+    let names: Vec<String> = preload.iter().map(|m| format!("\"{m}\"")).collect();
+    format!("[{}]", names.join(", "))
 }
 
 /// Whether `job` runs the same way in a sandbox built for `template`: same interpreter
@@ -496,23 +545,28 @@ fn control_message(template: &JobSpec, job: &JobSpec) -> Vec<u8> {
     job.argv[flags..].join("\0").into_bytes()
 }
 
-/// Starts one warm sandbox.
-async fn launch_warm(shared: &Shared) -> Result<Warm, NativeError> {
+/// Starts one warm sandbox: forked from `zygote` when there is one that can take another
+/// child, from scratch otherwise (and when the fork fails: the zygote changes how fast a
+/// sandbox is ready, never whether).
+async fn launch_warm(shared: &Shared, zygote: Option<Arc<Zygote>>) -> Result<Warm, NativeError> {
+    if let Some(zygote) = zygote
+        && children_of(&zygote) < ZYGOTE_CHILDREN_MAX as usize
+    {
+        match launch_forked(shared, zygote).await {
+            Ok(warm) => {
+                shared.counters.forked.fetch_add(1, Ordering::Relaxed);
+                return Ok(warm);
+            }
+            Err(e) => {
+                shared.counters.fork_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "cannot fork a warm sandbox from the zygote; starting one from scratch");
+            }
+        }
+    }
+    let (name, jobdir, cgroup) = prepare_sandbox(shared, "warm")?;
     let backend = &shared.backend;
     let template = &shared.template;
-    let name = format!("warm-{}", JobId::generate().as_str());
-    let ids = backend.id_mapping();
-    let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &ids)?;
-    let cgroup = backend.create_cgroup(&name, template)?;
-    // Built and kept at the lowest CPU priority, so that a job running meanwhile is never
-    // slowed by the sandbox being made for the next one. Only speed depends on it.
-    if let Some(cgroup) = &cgroup
-        && let Err(e) = cgroup.set_cpu_priority(CpuPriority::Background)
-    {
-        tracing::warn!(sandbox = %name, error = %e,
-            "cannot lower a warm sandbox's CPU priority; it starts at normal priority");
-    }
-    let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref()) {
+    let mut plan = match backend.plan(template, &jobdir, cgroup.as_ref(), None) {
         Ok(plan) => plan,
         Err(e) => {
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
@@ -522,18 +576,183 @@ async fn launch_warm(shared: &Shared) -> Result<Warm, NativeError> {
     plan.job_id.clone_from(&name);
     plan.argv = warm_argv(template, &shared.preload).unwrap_or_default();
     plan.control_fd = true;
-    match backend.launch(&name, &plan, true).await {
+    let launched = backend.launch(&name, &plan, true).await;
+    ready_or_removed(name, jobdir, cgroup, launched, None).await
+}
+
+/// The warm sandbox `launched` started, or, when it did not start, its job directory and
+/// cgroup removed and the error.
+async fn ready_or_removed(
+    name: String,
+    jobdir: JobDir,
+    cgroup: Option<JobCgroup>,
+    launched: Result<Launched, NativeError>,
+    zygote: Option<Arc<Zygote>>,
+) -> Result<Warm, NativeError> {
+    match launched {
         Ok(launched) => Ok(Warm {
             name,
             ready_at: Instant::now(),
             launched,
             jobdir,
             cgroup,
+            zygote,
         }),
         Err(e) => {
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
             Err(e)
         }
+    }
+}
+
+/// A warm sandbox's job directory and cgroup, the cgroup at the lowest CPU priority: it is
+/// built and kept so, so that a job running meanwhile is never slowed by the sandbox being
+/// made for the next one. Only speed depends on it.
+fn prepare_sandbox(
+    shared: &Shared,
+    kind: &str,
+) -> Result<(String, JobDir, Option<JobCgroup>), NativeError> {
+    let backend = &shared.backend;
+    let name = format!("{kind}-{}", JobId::generate().as_str());
+    let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &backend.id_mapping())?;
+    let cgroup = match backend.create_cgroup(&name, &shared.template) {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            if let Err(removed) = jobdir.remove() {
+                tracing::warn!(sandbox = %name, error = %removed, "cannot remove a job directory");
+            }
+            return Err(e);
+        }
+    };
+    if let Some(cgroup) = &cgroup
+        && let Err(e) = cgroup.set_cpu_priority(CpuPriority::Background)
+    {
+        tracing::warn!(sandbox = %name, error = %e,
+            "cannot lower a warm sandbox's CPU priority; it starts at normal priority");
+    }
+    Ok((name, jobdir, cgroup))
+}
+
+/// Forks one warm sandbox from `zygote`.
+async fn launch_forked(shared: &Shared, zygote: Arc<Zygote>) -> Result<Warm, NativeError> {
+    let (name, jobdir, cgroup) = prepare_sandbox(shared, "warm")?;
+    let send_out_dir = shared.template.filesystem.out.enabled;
+    let launched = zygote
+        .fork(&name, &jobdir, cgroup.as_ref(), send_out_dir)
+        .await;
+    ready_or_removed(name, jobdir, cgroup, launched, Some(zygote)).await
+}
+
+/// How many children of `zygote` are alive (waiting, running, or being forked): every
+/// holder of it but the pool.
+fn children_of(zygote: &Arc<Zygote>) -> usize {
+    Arc::strong_count(zygote).saturating_sub(1)
+}
+
+/// The zygote to fork from: the active one while it can fork and is younger than the idle
+/// lifetime; otherwise it is retired (a dead one counted as lost) and a new one started,
+/// unless the last start failed too recently. `None` while there is none: sandboxes are
+/// then started from scratch.
+async fn current_zygote(shared: &Shared) -> Option<Arc<Zygote>> {
+    let retire = {
+        let Ok(mut zygotes) = shared.zygotes.lock() else {
+            return None;
+        };
+        match zygotes.active.take() {
+            Some(active)
+                if active.is_usable() && active.started_at().elapsed() <= shared.idle_max =>
+            {
+                zygotes.active = Some(active.clone());
+                return Some(active);
+            }
+            Some(active) => {
+                if active.is_usable() {
+                    tracing::debug!(zygote = %active.name(), "the zygote outlived its idle lifetime; replaced");
+                } else {
+                    shared.counters.zygotes_lost.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(zygote = %active.name(), said = %active.said(),
+                        "the zygote died; replaced (sandboxes start from scratch meanwhile)");
+                }
+                zygotes.retired.push(active.clone());
+                Some(active)
+            }
+            None => None,
+        }
+    };
+    if let Some(zygote) = retire {
+        zygote.retire().await;
+    }
+    if shared
+        .zygotes
+        .lock()
+        .ok()
+        .and_then(|z| z.retry_at)
+        .is_some_and(|at| Instant::now() < at)
+    {
+        return None;
+    }
+    match Zygote::start(&shared.backend, &shared.template, &shared.preload).await {
+        Ok(zygote) => {
+            shared
+                .counters
+                .zygotes_started
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(zygote = %zygote.name(), "zygote started");
+            if let Ok(mut zygotes) = shared.zygotes.lock() {
+                zygotes.active = Some(zygote.clone());
+                zygotes.retry_at = None;
+                zygotes.backoff = REFILL_BACKOFF_MIN;
+            }
+            Some(zygote)
+        }
+        Err(e) => {
+            shared
+                .counters
+                .zygotes_failed
+                .fetch_add(1, Ordering::Relaxed);
+            let Ok(mut zygotes) = shared.zygotes.lock() else {
+                return None;
+            };
+            let backoff = zygotes.backoff.max(REFILL_BACKOFF_MIN);
+            zygotes.retry_at = Some(Instant::now() + backoff);
+            zygotes.backoff = (backoff * 2).min(ZYGOTE_RETRY_MAX);
+            tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                "cannot start a zygote; warm sandboxes start from scratch meanwhile");
+            None
+        }
+    }
+}
+
+/// Removes the retired zygotes none of whose children is left.
+async fn remove_idle_zygotes(shared: &Shared) {
+    let done: Vec<Arc<Zygote>> = match shared.zygotes.lock() {
+        Ok(mut zygotes) => {
+            let (done, alive) = std::mem::take(&mut zygotes.retired)
+                .into_iter()
+                .partition(|z| children_of(z) == 0);
+            zygotes.retired = alive;
+            done
+        }
+        Err(_) => Vec::new(),
+    };
+    for zygote in done {
+        zygote.remove().await;
+    }
+}
+
+/// Removes every zygote, with whatever children are left (shutdown).
+async fn remove_zygotes(shared: &Shared) {
+    let all: Vec<Arc<Zygote>> = match shared.zygotes.lock() {
+        Ok(mut zygotes) => zygotes
+            .active
+            .take()
+            .into_iter()
+            .chain(std::mem::take(&mut zygotes.retired))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    for zygote in all {
+        zygote.remove().await;
     }
 }
 
@@ -543,6 +762,7 @@ async fn discard(warm: Warm) {
         launched,
         jobdir,
         cgroup,
+        zygote,
         ..
     } = warm;
     launched.kill().await;
@@ -553,6 +773,7 @@ async fn discard(warm: Warm) {
         }
         Err(e) => tracing::warn!(sandbox = %name, error = %e, "teardown task failed"),
     }
+    drop(zygote);
 }
 
 /// The ready sandboxes past the idle lifetime, taken out of the pool (the oldest are first).
@@ -582,12 +803,30 @@ async fn refill(shared: Arc<Shared>) {
             shared.counters.discarded.fetch_add(1, Ordering::Relaxed);
             discard(warm).await;
         }
+        remove_idle_zygotes(&shared).await;
+        // Started with the pool, and replaced once past its idle lifetime or dead.
+        let zygote = if shared.zygote {
+            current_zygote(&shared).await
+        } else {
+            None
+        };
         let (have, oldest) = match shared.ready.lock() {
             Ok(ready) => (ready.len(), ready.front().map(|w| w.ready_at)),
             Err(_) => break,
         };
-        if have >= shared.size {
-            // Asleep until a job takes one or the oldest reaches its idle lifetime.
+        let attempts = shared.counters.started.load(Ordering::Relaxed)
+            + shared.counters.failed.load(Ordering::Relaxed);
+        let allowed = shared
+            .starts_max
+            .map_or(usize::MAX, |max| max.saturating_sub(attempts) as usize);
+        if have >= shared.size || allowed == 0 {
+            // Asleep until a job takes one or the oldest sandbox (or the zygote) reaches
+            // its idle lifetime.
+            let oldest = oldest
+                .into_iter()
+                .chain(zygote.as_ref().map(|z| z.started_at()))
+                .min();
+            drop(zygote);
             match oldest {
                 Some(oldest) => {
                     let expiry = tokio::time::Instant::from_std(oldest + shared.idle_max);
@@ -602,10 +841,12 @@ async fn refill(shared: Arc<Shared>) {
         // the host, once per burst of moves rather than per move, so a batch costs one
         // such pause instead of one per sandbox.
         let mut starts = tokio::task::JoinSet::new();
-        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX) {
+        for _ in 0..(shared.size - have).min(REFILL_BATCH_MAX).min(allowed) {
             let shared = shared.clone();
-            starts.spawn(async move { launch_warm(&shared).await });
+            let zygote = zygote.clone();
+            starts.spawn(async move { launch_warm(&shared, zygote).await });
         }
+        drop(zygote);
         let mut failed = false;
         let mut closed = false;
         while let Some(joined) = starts.join_next().await {
@@ -650,4 +891,5 @@ async fn refill(shared: Arc<Shared>) {
     for warm in drained {
         discard(warm).await;
     }
+    remove_zygotes(&shared).await;
 }

@@ -6,11 +6,17 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use airlock_core::policy::{HostPattern, NetworkMode, NetworkPolicy, ProxyLimits, parse_cidr};
+use airlock_core::policy::{
+    HostPattern, NetworkMode, NetworkPolicy, ProxyLimits, SubstitutePlace, parse_cidr,
+    parse_https_url,
+};
+use rustls::crypto::CryptoProvider;
 
+use crate::ca::JobCa;
 use crate::error::ProxyError;
 use crate::host::{HostRule, TargetHost};
 use crate::ranges::AllowedRanges;
+use crate::trust::TrustRoots;
 
 /// A hook called with every address right before the proxy connects to it; returning
 /// `false` refuses that connect (it is then reported as a failed connect). For tests that
@@ -22,9 +28,31 @@ pub struct ProxyConfig {
     allow: Vec<HostRule>,
     allow_ranges: AllowedRanges,
     secrets: Vec<Secret>,
+    packages: Vec<PackageIndex>,
     limits: ProxyLimits,
     resolver: Resolver,
     connect_gate: Option<ConnectGate>,
+    /// The job's CA and the roots of the proxy's TLS, when some host's TLS is intercepted.
+    interception: Option<Interception>,
+}
+
+/// What intercepting TLS takes: the job's CA, the roots upstreams are verified against,
+/// and the job's CA bundle. No `Debug` of the CA: its key must never be printed.
+pub(crate) struct Interception {
+    pub(crate) ca: JobCa,
+    pub(crate) roots: TrustRoots,
+    pub(crate) bundle: String,
+    pub(crate) provider: Arc<CryptoProvider>,
+}
+
+/// A reviewed package index of `[network.packages]`: its host is allowed and intercepted,
+/// and its answers name the file hosts that are allowed next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageIndex {
+    /// The index's host.
+    pub host: TargetHost,
+    /// Its port.
+    pub port: u16,
 }
 
 impl ProxyConfig {
@@ -128,12 +156,45 @@ impl ProxyConfig {
                 value: SecretValue(value),
                 hosts,
                 value_env: spec.value_env.clone(),
+                env: spec.env.clone(),
+                substitute: spec.substitute.clone(),
             });
         }
+        let packages = network
+            .packages
+            .urls()
+            .map(|url| {
+                let bad = |reason: String| ProxyError::ParsePackageIndex {
+                    url: url.to_owned(),
+                    reason,
+                };
+                let (host, port) = parse_https_url(url).map_err(bad)?;
+                let host = TargetHost::parse(&host).map_err(|e| bad(e.to_string()))?;
+                Ok(PackageIndex { host, port })
+            })
+            .collect::<Result<Vec<_>, ProxyError>>()?;
+        let interception = if network.intercepts_tls() {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let roots = TrustRoots::load(&network.extra_roots)
+                .map_err(|(path, reason)| ProxyError::ReadExtraRoots { path, reason })?;
+            let ca = JobCa::generate(provider.clone())
+                .map_err(|source| ProxyError::GenerateCa { source })?;
+            let bundle = roots.bundle_with(ca.cert_pem());
+            Some(Interception {
+                ca,
+                roots,
+                bundle,
+                provider,
+            })
+        } else {
+            None
+        };
         Ok(Self {
             allow: rules,
             allow_ranges: AllowedRanges::new(ranges),
             secrets,
+            packages,
+            interception,
             limits: network.limits.clone(),
             resolver: if network.hosts.is_empty() {
                 Resolver::System
@@ -191,9 +252,42 @@ impl ProxyConfig {
         self.connect_gate.as_ref()
     }
 
-    /// True when an allowlist entry admits `host:port`.
+    /// True when an allowlist entry admits `host:port`, or it is a package index's.
     pub fn allows(&self, host: &TargetHost, port: u16) -> bool {
-        self.allow.iter().any(|rule| rule.matches(host, port))
+        self.allow.iter().any(|rule| rule.matches(host, port)) || self.is_package_index(host, port)
+    }
+
+    /// The package indexes of `[network.packages]`.
+    pub fn packages(&self) -> &[PackageIndex] {
+        &self.packages
+    }
+
+    /// True when `host:port` is a package index's.
+    pub fn is_package_index(&self, host: &TargetHost, port: u16) -> bool {
+        self.packages
+            .iter()
+            .any(|index| &index.host == host && index.port == port)
+    }
+
+    /// True when the proxy terminates the TLS of a tunnel to `host:port` (a secret's host,
+    /// or a package index's) rather than passing it through. Hosts a package index named
+    /// for its files are intercepted too; the proxy keeps those itself.
+    pub fn intercepts(&self, host: &TargetHost, port: u16) -> bool {
+        self.interception.is_some()
+            && (self.secrets.iter().any(|s| s.is_for(host, port))
+                || self.is_package_index(host, port))
+    }
+
+    /// The job's CA bundle (PEM): the host's trust roots, the policy's `extra_roots` and
+    /// the job's own CA, for the sandbox to trust at
+    /// [`airlock_core::job::TRUST_BUNDLE_PATH`]. `None` when no TLS is intercepted (no
+    /// secret, no package index), and the job's own bundle stays.
+    pub fn trust_bundle_pem(&self) -> Option<&str> {
+        self.interception.as_ref().map(|i| i.bundle.as_str())
+    }
+
+    pub(crate) fn interception(&self) -> Option<&Interception> {
+        self.interception.as_ref()
     }
 }
 
@@ -203,6 +297,8 @@ impl fmt::Debug for ProxyConfig {
             .field("allow", &self.allow)
             .field("allow_ranges", &self.allow_ranges)
             .field("secrets", &self.secrets)
+            .field("packages", &self.packages)
+            .field("interception", &self.interception.is_some())
             .field("limits", &self.limits)
             .field("resolver", &self.resolver)
             .field("connect_gate", &self.connect_gate.is_some())
@@ -225,7 +321,8 @@ fn is_header_safe(text: &str) -> bool {
 }
 
 /// A secret kept on the host: the job sends `placeholder`; the proxy puts in `value` only
-/// on plain-HTTP requests to one of `hosts`.
+/// on requests to one of `hosts` (plain HTTP, or HTTPS it intercepts), in the places
+/// `substitute` names.
 #[derive(Debug, Clone)]
 pub struct Secret {
     /// What the job sees and sends.
@@ -236,12 +333,21 @@ pub struct Secret {
     pub hosts: Vec<HostRule>,
     /// The executor variable the value came from (for messages; not secret).
     pub value_env: String,
+    /// The job's variable holding the placeholder (for the audit; not secret).
+    pub env: String,
+    /// Where in a request the placeholder is replaced.
+    pub substitute: Vec<SubstitutePlace>,
 }
 
 impl Secret {
     /// True when the real value may be sent to `host:port`.
     pub fn is_for(&self, host: &TargetHost, port: u16) -> bool {
         self.hosts.iter().any(|rule| rule.matches(host, port))
+    }
+
+    /// True when the placeholder is replaced in `place`.
+    pub fn substitutes_in(&self, place: SubstitutePlace) -> bool {
+        self.substitute.contains(&place)
     }
 }
 
@@ -355,6 +461,7 @@ mod tests {
             placeholder: placeholder.into(),
             value_env: value_env.into(),
             hosts: strings(hosts),
+            substitute: vec![SubstitutePlace::Headers],
         }
     }
 

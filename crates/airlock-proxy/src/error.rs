@@ -65,6 +65,29 @@ pub enum ProxyError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// An `extra_roots` file cannot be used.
+    #[error("extra trust roots {path}: {reason}")]
+    ReadExtraRoots {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The job's CA could not be made.
+    #[error("make the job's CA")]
+    GenerateCa {
+        /// What went wrong.
+        #[source]
+        source: crate::ca::CaError,
+    },
+    /// A `[network.packages]` URL is unusable.
+    #[error("package index {url:?}: {reason}")]
+    ParsePackageIndex {
+        /// The URL as written.
+        url: String,
+        /// Why.
+        reason: String,
+    },
     /// `spawn` was called outside a tokio runtime.
     #[error("cannot start the proxy outside a tokio runtime")]
     FindRuntime {

@@ -1,21 +1,29 @@
-//! Plain HTTP: an absolute-form request (`GET http://host:port/path`) is re-sent in
-//! origin form on its own upstream connection to the checked address.
+//! Sending a request upstream and handing its answer back: plain HTTP, and each request
+//! inside a tunnel whose TLS the proxy intercepts ([`crate::intercept`]).
+//!
+//! Plain HTTP: an absolute-form request (`GET http://host:port/path`) is re-sent in origin
+//! form on its own upstream connection to the checked address; each request gets a fresh
+//! upstream connection, closed when its response ends; nothing is pooled across requests.
+//! Intercepted HTTPS: each request goes over the tunnel's own TLS connection to the
+//! upstream, HTTP/1.1 in origin form or HTTP/2 with `https://` and the authority.
 //!
 //! Hop-by-hop headers (`Connection` and the headers it names, `Keep-Alive`, `TE`,
 //! `Trailer`, `Transfer-Encoding`, `Upgrade`), every `Proxy-*` header and `Expect` are
-//! dropped both ways; `Host` is always rewritten to the target, so a request for an
-//! allowed host cannot name another virtual host on the same address. Secrets are put in
-//! as described in [`crate::secrets`], and kept from coming back or going elsewhere as
-//! described in [`crate::scrub`]. Each request gets a fresh upstream connection, closed
-//! when its response ends; nothing is pooled across requests.
+//! dropped both ways; `Host` (or HTTP/2's authority) is always rewritten to the target, so
+//! a request for an allowed host cannot name another virtual host on the same address.
+//! Secrets are put in as described in [`crate::secrets`], and kept from coming back or
+//! going elsewhere as described in [`crate::scrub`]; an answer the proxy must read and
+//! that is compressed anyway is decoded as [`crate::decode`] says, or refused.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use airlock_core::policy::SubstitutePlace;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
 use hyper::ext::ReasonPhrase;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
@@ -23,25 +31,97 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::config::{ProxyConfig, Secret};
+use crate::decode::{DecodedBody, response_coding};
 use crate::meter::Metered;
+use crate::packages::LinkScanner;
 use crate::record::LimitKind;
-use crate::scrub::{FOREIGN_SECRET_REASON, GuardedBody, RequestBodyError, ScrubbedBody, Scrubber};
-use crate::secrets::{substitute_bytes, substitute_query};
+use crate::scrub::{FOREIGN_SECRET_REASON, GuardedBody, RequestBodyError, Scrubber};
+use crate::secrets::{substitute_bytes, substitute_query, substituted, unbound_placeholders};
 use crate::server::{ClientCtx, ProxyBody, Target, fail, text_response};
 use crate::state::InFlight;
 
 /// Largest response head accepted from an upstream, in bytes.
-const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
 /// Read buffer of one upstream connection, in bytes.
-const UPSTREAM_BUFFER_BYTES: usize = 128 * 1024;
+pub(crate) const UPSTREAM_BUFFER_BYTES: usize = 128 * 1024;
 
-/// The body sent upstream: the job's, guarded when some secret's value must not go there.
-type UpstreamBody = BoxBody<Bytes, RequestBodyError>;
+/// The body sent upstream: the job's, guarded when some secret's value must not go there,
+/// with placeholders replaced where a secret says so.
+pub(crate) type UpstreamBody = BoxBody<Bytes, RequestBodyError>;
+
+/// Where requests go: one upstream connection, HTTP/1.1 (one request at a time) or
+/// HTTP/2.
+pub(crate) enum UpstreamSender {
+    /// HTTP/1.1: the next request waits until the previous answer has been read.
+    Http1(tokio::sync::Mutex<Http1Sender>),
+    /// HTTP/2: requests share the connection.
+    Http2(http2::SendRequest<UpstreamBody>),
+}
+
+/// An HTTP/1.1 connection's sender, and whether it has carried a request.
+pub(crate) struct Http1Sender {
+    sender: http1::SendRequest<UpstreamBody>,
+    used: bool,
+}
+
+impl UpstreamSender {
+    pub(crate) fn http1(sender: http1::SendRequest<UpstreamBody>) -> Self {
+        UpstreamSender::Http1(tokio::sync::Mutex::new(Http1Sender {
+            sender,
+            used: false,
+        }))
+    }
+
+    async fn send(&self, req: Request<UpstreamBody>) -> Result<Response<Incoming>, hyper::Error> {
+        match self {
+            UpstreamSender::Http1(sender) => {
+                let mut sender = sender.lock().await;
+                // A fresh connection takes its first request at once; a later one waits
+                // until the previous answer has been read.
+                if sender.used {
+                    sender.sender.ready().await?;
+                }
+                sender.used = true;
+                sender.sender.send_request(req).await
+            }
+            UpstreamSender::Http2(sender) => {
+                let mut sender = sender.clone();
+                sender.ready().await?;
+                sender.send_request(req).await
+            }
+        }
+    }
+
+    fn version(&self) -> Version {
+        match self {
+            UpstreamSender::Http1(_) => Version::HTTP_11,
+            UpstreamSender::Http2(_) => Version::HTTP_2,
+        }
+    }
+}
+
+/// The scheme a request goes upstream with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    /// Plain HTTP (default port 80).
+    Http,
+    /// Intercepted HTTPS (default port 443).
+    Https,
+}
+
+impl Scheme {
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+}
 
 /// True when the head of `req` (its target's host, and for plain HTTP its path, query and
 /// headers) carries the real value of a secret whose scope does not include the target.
-/// Checked before anything is dialled; a body is checked as it streams ([`send`]). A
-/// CONNECT tunnel's contents cannot be checked (TLS).
+/// Checked before anything is dialled; a body is checked as it streams ([`exchange`]). A
+/// tunnel's contents are checked only when the proxy intercepts it, request by request.
 pub(crate) fn carries_foreign_secret(
     req: &Request<Incoming>,
     target: &Target,
@@ -72,7 +152,7 @@ pub(crate) fn carries_foreign_secret(
     in_target || in_headers
 }
 
-/// Sends `req` to `upstream` and returns the upstream's response, streaming.
+/// Sends a plain-HTTP `req` to `upstream` and returns the upstream's response, streaming.
 pub(crate) async fn send(
     req: Request<Incoming>,
     target: &Target,
@@ -80,33 +160,12 @@ pub(crate) async fn send(
     ctx: &Arc<ClientCtx>,
     inflight: Arc<InFlight>,
 ) -> Response<ProxyBody> {
-    let config = &ctx.shared.config;
-    let (secrets, foreign): (Vec<&Secret>, Vec<&Secret>) = config
-        .secrets()
-        .iter()
-        .partition(|s| s.is_for(&target.host, target.port));
-    let scrubber = Scrubber::new(&secrets).map(Arc::new);
-    // The head was checked before dialling (`carries_foreign_secret`); the body streams,
-    // so it is checked on the way and cut off if it holds a value that must not go here.
-    let refused = Arc::new(AtomicBool::new(false));
-    let guard = Scrubber::new(&foreign);
-    let outgoing = match build_request(req, target, &secrets) {
-        Ok(outgoing) => outgoing.map(|body| -> UpstreamBody {
-            match guard {
-                Some(guard) => {
-                    GuardedBody::new(body, guard, inflight.clone(), refused.clone()).boxed()
-                }
-                None => body.map_err(RequestBodyError::from).boxed(),
-            }
-        }),
-        Err(reason) => return fail(&inflight, StatusCode::BAD_REQUEST, reason, None),
-    };
-    let handshake = hyper::client::conn::http1::Builder::new()
+    let handshake = http1::Builder::new()
         .max_buf_size(UPSTREAM_BUFFER_BYTES)
         .max_header_size(MAX_RESPONSE_HEAD_BYTES)
         .handshake(TokioIo::new(upstream))
         .await;
-    let (mut sender, conn) = match handshake {
+    let (sender, conn) = match handshake {
         Ok(pair) => pair,
         Err(e) => {
             return fail(
@@ -119,6 +178,7 @@ pub(crate) async fn send(
     };
     // The connection is driven by its own task, so the response body can stream to the
     // client after this function returns; the task holds the record until it ends.
+    let refused = Arc::new(AtomicBool::new(false));
     let shared = ctx.shared.clone();
     let activity = ctx.activity.clone();
     let driver_record = inflight.clone();
@@ -140,7 +200,89 @@ pub(crate) async fn send(
             () = shared.stopped() => {}
         }
     });
-    let response = match sender.send_request(outgoing).await {
+    let sender = UpstreamSender::http1(sender);
+    exchange(req, target, &sender, ctx, inflight, refused, Scheme::Http).await
+}
+
+/// Sends `req` (checked already: allowed, no foreign secret in its head) through `upstream`
+/// and returns the answer for the job: placeholders replaced toward the secrets' own
+/// hosts, the real values scrubbed out of what comes back, a body carrying a value toward
+/// another host cut off. `refused` is set when that happens (the upstream connection then
+/// fails, which is not an error of the record).
+pub(crate) async fn exchange(
+    req: Request<Incoming>,
+    target: &Target,
+    upstream: &UpstreamSender,
+    ctx: &Arc<ClientCtx>,
+    inflight: Arc<InFlight>,
+    refused: Arc<AtomicBool>,
+    scheme: Scheme,
+) -> Response<ProxyBody> {
+    let shared = &ctx.shared;
+    let config = &shared.config;
+    let (secrets, foreign): (Vec<&Secret>, Vec<&Secret>) = config
+        .secrets()
+        .iter()
+        .partition(|s| s.is_for(&target.host, target.port));
+    let unbound = {
+        let target_text = req.uri().path_and_query().map(|pq| pq.as_str().as_bytes());
+        let texts: Vec<&[u8]> = target_text
+            .into_iter()
+            .chain(req.headers().values().map(HeaderValue::as_bytes))
+            .collect();
+        unbound_placeholders(&foreign, texts.iter().copied())
+    };
+    if !unbound.is_empty() {
+        tracing::info!(
+            secrets = ?unbound,
+            "a placeholder went to a host outside its secret's scope, unchanged"
+        );
+        inflight.update(|r| r.unbound_placeholders = unbound);
+    }
+    let package_host = shared.is_package_host(&target.host, target.port);
+    if package_host {
+        inflight.path(req.uri().path());
+    }
+    // An answer the proxy reads (to scrub it, or for the links of a package index) must
+    // come uncompressed; one compressed anyway is decoded below.
+    let reads_answer = !secrets.is_empty() || config.is_package_index(&target.host, target.port);
+    let scrubber = Scrubber::new(&secrets).map(Arc::new);
+    let guard = Scrubber::new(&foreign);
+    let in_body: Vec<&Secret> = secrets
+        .iter()
+        .copied()
+        .filter(|s| s.substitutes_in(SubstitutePlace::Body))
+        .collect();
+    let outgoing = match build_request(
+        req,
+        target,
+        &secrets,
+        upstream.version(),
+        scheme,
+        reads_answer,
+    ) {
+        Ok(mut outgoing) => {
+            if !in_body.is_empty() {
+                // Each replacement changes the length; the body goes without one.
+                outgoing.headers_mut().remove(header::CONTENT_LENGTH);
+            }
+            outgoing.map(|body| -> UpstreamBody {
+                let guarded: UpstreamBody = match guard {
+                    Some(guard) => {
+                        GuardedBody::new(body, guard, inflight.clone(), refused.clone()).boxed()
+                    }
+                    None => body.map_err(RequestBodyError::from).boxed(),
+                };
+                if in_body.is_empty() {
+                    guarded
+                } else {
+                    substituted(guarded, &in_body).boxed()
+                }
+            })
+        }
+        Err(reason) => return fail(&inflight, StatusCode::BAD_REQUEST, reason, None),
+    };
+    let response = match upstream.send(outgoing).await {
         Ok(response) => response,
         Err(_) if refused.load(Ordering::SeqCst) => {
             inflight.update(|r| r.status = Some(StatusCode::FORBIDDEN.as_u16()));
@@ -156,68 +298,108 @@ pub(crate) async fn send(
             );
         }
     };
-    drop(sender);
     let status = response.status().as_u16();
     inflight.update(|r| r.status = Some(status));
     let (mut parts, body) = response.into_parts();
-    let Some(scrubber) = scrubber else {
+    if !reads_answer {
         strip_hop_by_hop(&mut parts.headers);
-        return Response::from_parts(parts, body.boxed());
+        let body = body.map_err(Into::into).boxed();
+        return Response::from_parts(parts, RecordedBody::new(body, inflight).boxed());
+    }
+    // The upstream may have seen a real value and echo it, or be an index whose links the
+    // proxy reads: it was asked for identity, and an answer compressed anyway is decoded
+    // (gzip, deflate) or refused.
+    let coding = match response_coding(&parts.headers) {
+        Ok(coding) => coding,
+        Err(coding) => {
+            return fail(
+                &inflight,
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "the upstream sent a body in the {coding} coding, which the proxy cannot \
+                     read (it asks for identity and decodes gzip and deflate); refused"
+                ),
+                None,
+            );
+        }
     };
-    // The upstream saw the real value and may echo it; what the job gets back has it
-    // replaced. A body the proxy cannot read (compressed, as a content or a transfer
-    // coding) is refused rather than passed: it asked for `identity`, and decoding here
-    // would mean a decompressor, and its output bound, on the path of every response.
-    if let Some(coding) = unreadable_coding(&parts.headers) {
-        return fail(
-            &inflight,
-            StatusCode::BAD_GATEWAY,
-            format!(
-                "the upstream of a secret sent a compressed body ({coding} coding), which \
-                 the proxy cannot scrub of the secret; it asks for identity"
-            ),
-            None,
-        );
-    }
     strip_hop_by_hop(&mut parts.headers);
-    let mut scrubbed = scrub_head(&mut parts.headers, &scrubber);
-    // hyper sends a non-canonical reason phrase on; the upstream chose it.
-    if let Some(reason) = parts.extensions.get::<ReasonPhrase>()
-        && scrubber.finds(reason.as_bytes(), false)
-    {
-        parts.extensions.remove::<ReasonPhrase>();
-        scrubbed += 1;
+    let mut body: ProxyBody = match coding {
+        Some(coding) => {
+            parts.headers.remove(header::CONTENT_ENCODING);
+            parts.headers.remove(header::CONTENT_LENGTH);
+            DecodedBody::new(body, coding).boxed()
+        }
+        None => body.map_err(Into::into).boxed(),
+    };
+    if config.is_package_index(&target.host, target.port) && parts.status.is_success() {
+        body = LinkScanner::new(body, shared.clone()).boxed();
     }
-    if scrubbed > 0 {
-        inflight.update(|r| r.secrets_scrubbed += scrubbed);
+    if let Some(scrubber) = scrubber {
+        let mut scrubbed = scrub_head(&mut parts.headers, &scrubber);
+        // hyper sends a non-canonical reason phrase on; the upstream chose it.
+        if let Some(reason) = parts.extensions.get::<ReasonPhrase>()
+            && scrubber.finds(reason.as_bytes(), false)
+        {
+            parts.extensions.remove::<ReasonPhrase>();
+            scrubbed += 1;
+        }
+        if scrubbed > 0 {
+            inflight.update(|r| r.secrets_scrubbed += scrubbed);
+        }
+        // The length changes with each replacement; hyper frames the body as chunked.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        body = crate::scrub::scrubbed(body, scrubber, inflight.clone()).boxed();
     }
-    // The length changes with each replacement; hyper frames the body as chunked.
-    parts.headers.remove(header::CONTENT_LENGTH);
-    let body = ScrubbedBody::new(body, scrubber, inflight);
-    Response::from_parts(parts, body.boxed())
+    Response::from_parts(parts, RecordedBody::new(body, inflight).boxed())
 }
 
-/// The first content or transfer coding of a response other than `identity` and
-/// `chunked` (which hyper removes), if there is one.
-fn unreadable_coding(headers: &HeaderMap) -> Option<String> {
-    let content = headers.get_all(header::CONTENT_ENCODING).iter();
-    let transfer = headers.get_all(header::TRANSFER_ENCODING).iter();
-    content
-        .chain(transfer)
-        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
-        .map(|coding| String::from_utf8_lossy(coding).trim().to_ascii_lowercase())
-        .find(|coding| coding != "identity" && coding != "chunked")
-        .map(|coding| {
-            if coding.is_empty() {
-                "an empty".to_owned()
-            } else {
-                coding
-                    .chars()
-                    .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-                    .take(32)
-                    .collect()
+/// An answer's body that ends its request's record: finished when the body ends, failed
+/// with the error when it breaks off (a body that cannot be decoded, an upstream gone), and
+/// interrupted when the job stops reading. An intercepted request needs it (its tunnel's
+/// connection lives on); a plain one gets the body's errors into its record as well.
+struct RecordedBody {
+    inner: ProxyBody,
+    inflight: Arc<InFlight>,
+}
+
+impl RecordedBody {
+    fn new(inner: ProxyBody, inflight: Arc<InFlight>) -> Self {
+        Self { inner, inflight }
+    }
+}
+
+impl hyper::body::Body for RecordedBody {
+    type Data = Bytes;
+    type Error = crate::server::BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(None) => self.inflight.finish(),
+            std::task::Poll::Ready(Some(Err(e))) => {
+                self.inflight.fail(format!("answer: {e}"), None);
             }
-        })
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let ended = self.inner.is_end_stream();
+        if ended {
+            // hyper does not poll a body that says it has ended (an empty answer).
+            self.inflight.finish();
+        }
+        ended
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Replaces the secrets' values in header values, and drops a header whose name holds
@@ -244,10 +426,17 @@ fn scrub_head(headers: &mut HeaderMap, scrubber: &Scrubber) -> u64 {
     scrubbed
 }
 
+/// The request as it goes upstream: origin form with `Host` over HTTP/1.1, or
+/// `https://authority/...` over HTTP/2; hop-by-hop headers dropped; placeholders of
+/// `secrets` replaced in header values and the query where each secret says so;
+/// `Accept-Encoding: identity` when the proxy reads the answer.
 fn build_request(
     req: Request<Incoming>,
     target: &Target,
     secrets: &[&Secret],
+    version: Version,
+    scheme: Scheme,
+    reads_answer: bool,
 ) -> Result<Request<Incoming>, String> {
     let (mut parts, body) = req.into_parts();
     let path_and_query = parts
@@ -256,24 +445,40 @@ fn build_request(
         .map(|pq| pq.as_str())
         .filter(|pq| !pq.is_empty())
         .unwrap_or("/");
+    let in_query: Vec<&Secret> = secrets
+        .iter()
+        .copied()
+        .filter(|s| s.substitutes_in(SubstitutePlace::Query))
+        .collect();
     let path_and_query =
-        substitute_query(path_and_query, secrets).unwrap_or_else(|| path_and_query.to_owned());
-    parts.uri = path_and_query
-        .parse::<Uri>()
-        .map_err(|_| "the request target does not parse".to_owned())?;
-    parts.version = Version::HTTP_11;
+        substitute_query(path_and_query, &in_query).unwrap_or_else(|| path_and_query.to_owned());
+    let authority = authority(target, scheme);
+    parts.uri = match version {
+        Version::HTTP_2 => format!("https://{authority}{path_and_query}"),
+        _ => path_and_query,
+    }
+    .parse::<Uri>()
+    .map_err(|_| "the request target does not parse".to_owned())?;
+    parts.version = version;
     let mut headers = std::mem::take(&mut parts.headers);
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::EXPECT);
-    if !secrets.is_empty() {
-        // A compressed answer could not be scrubbed of the value, so ask for none.
+    if reads_answer {
+        // A compressed answer would have to be decoded before it can be read.
         headers.insert(
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
+    }
+    let in_headers: Vec<&Secret> = secrets
+        .iter()
+        .copied()
+        .filter(|s| s.substitutes_in(SubstitutePlace::Headers))
+        .collect();
+    if !in_headers.is_empty() {
         for value in headers.values_mut() {
-            if let Some(replaced) = substitute_bytes(value.as_bytes(), secrets) {
+            if let Some(replaced) = substitute_bytes(value.as_bytes(), &in_headers) {
                 let sensitive = value.is_sensitive();
                 *value = HeaderValue::from_bytes(&replaced)
                     .map_err(|_| "a header value is invalid after substitution".to_owned())?;
@@ -281,11 +486,27 @@ fn build_request(
             }
         }
     }
-    let host = HeaderValue::from_str(&target.host.authority(target.port))
-        .map_err(|_| "the target is not a valid Host header".to_owned())?;
-    headers.insert(header::HOST, host);
+    if version != Version::HTTP_2 {
+        let host = HeaderValue::from_str(&authority)
+            .map_err(|_| "the target is not a valid Host header".to_owned())?;
+        headers.insert(header::HOST, host);
+    }
     parts.headers = headers;
     Ok(Request::from_parts(parts, body))
+}
+
+/// The target as a `Host` header or authority: the port left out when it is the scheme's
+/// default, IPv6 in brackets.
+pub(crate) fn authority(target: &Target, scheme: Scheme) -> String {
+    let with_port = target.host.authority_with_port(target.port);
+    if target.port == scheme.default_port() {
+        match &target.host {
+            crate::host::TargetHost::V6(v6) => format!("[{v6}]"),
+            host => host.to_string(),
+        }
+    } else {
+        with_port
+    }
 }
 
 /// Removes hop-by-hop headers, the headers `Connection` names, and `Proxy-*` headers.

@@ -86,10 +86,30 @@ pub struct ConnectionRecord {
     /// by its placeholder in this response's headers and body.
     #[serde(skip_serializing_if = "is_zero")]
     pub secrets_scrubbed: u64,
+    /// Set on a tunnel whose TLS the proxy terminated (a secret's host, a package index or
+    /// a host it named), and on each request made inside it (those are records of their
+    /// own; their bytes count in the tunnel's record).
+    #[serde(skip_serializing_if = "is_false")]
+    pub intercepted: bool,
+    /// The request's path (without the query), on requests to a package index and to the
+    /// hosts it named: what was fetched. At most [`RECORD_PATH_MAX_BYTES`] bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The job-side variables (`env`) of the secrets whose placeholder this request carried
+    /// toward a host outside their scope: sent on unchanged, and listed here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unbound_placeholders: Vec<String>,
 }
+
+/// Longest path kept in a record, in bytes.
+pub const RECORD_PATH_MAX_BYTES: usize = 1024;
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl ConnectionRecord {
@@ -109,6 +129,9 @@ impl ConnectionRecord {
             duration_ms: 0,
             refused: None,
             secrets_scrubbed: 0,
+            intercepted: false,
+            path: None,
+            unbound_placeholders: Vec::new(),
         }
     }
 }

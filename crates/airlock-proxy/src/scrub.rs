@@ -1,7 +1,7 @@
 //! Keeping a secret's real value from coming back to the job, or going anywhere else.
 //!
-//! The proxy puts a secret's real value into plain-HTTP requests toward its own hosts
-//! ([`crate::secrets`]). An upstream that echoes what it received (a debugging endpoint, an
+//! The proxy puts a secret's real value into requests toward its own hosts, plain HTTP or
+//! intercepted HTTPS ([`crate::secrets`]). An upstream that echoes what it received (a debugging endpoint, an
 //! error page quoting the `Authorization` header) would hand the value to the job, which
 //! could then send it, encoded past output redaction, to any other allowlisted host. So:
 //!
@@ -19,8 +19,8 @@
 //! character at each edge that mixes the value with its neighbours stays, a few bits). Any
 //! other transformation (base32, line-wrapped MIME base64, compression inside the body,
 //! part of the value) passes: the scrubber is a filter for the ways a server echoes
-//! a value, not a proof that none of it can leak. CONNECT tunnels are not inspected at
-//! all (see docs/proxy.md).
+//! a value, not a proof that none of it can leak. A CONNECT tunnel the proxy does not
+//! intercept is not inspected at all (see docs/proxy.md).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,6 +34,7 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
 use crate::config::Secret;
+use crate::edit::{Edit, EditedBody};
 use crate::record::Verdict;
 use crate::state::InFlight;
 
@@ -290,88 +291,33 @@ fn hex_byte(pair: &[u8]) -> Option<u8> {
     }
 }
 
-/// A response body with the values of a [`Scrubber`] replaced as it streams. The last
-/// `longest - 1` bytes of what has arrived are held back until more comes (or the body
-/// ends), so that a value split across reads or chunks is still found. Trailers are
-/// dropped: the proxy strips `Trailer`, and they would carry a value past the scrubber.
-pub(crate) struct ScrubbedBody<B> {
-    inner: B,
+/// The [`Edit`] that replaces the values of a [`Scrubber`] in a response body as it
+/// streams ([`EditedBody`]), counting each replacement in the request's record.
+pub(crate) struct ScrubEdit {
     scrubber: Arc<Scrubber>,
-    carry: Vec<u8>,
     inflight: Arc<InFlight>,
-    ended: bool,
 }
 
-impl<B> ScrubbedBody<B> {
-    pub(crate) fn new(inner: B, scrubber: Arc<Scrubber>, inflight: Arc<InFlight>) -> Self {
-        Self {
-            inner,
-            scrubber,
-            carry: Vec::new(),
-            inflight,
-            ended: false,
-        }
+/// `inner` with the scrubber's values replaced as it streams.
+pub(crate) fn scrubbed<B>(
+    inner: B,
+    scrubber: Arc<Scrubber>,
+    inflight: Arc<InFlight>,
+) -> EditedBody<B, ScrubEdit> {
+    EditedBody::new(inner, ScrubEdit { scrubber, inflight })
+}
+
+impl Edit for ScrubEdit {
+    fn hold(&self) -> usize {
+        self.scrubber.longest.saturating_sub(1)
     }
 
-    fn count(&self, n: u64) {
+    fn edit(&mut self, input: &[u8], limit: Option<usize>) -> (Vec<u8>, usize) {
+        let (out, used, n) = self.scrubber.scrub_until(input, limit);
         if n > 0 {
             self.inflight.update(|r| r.secrets_scrubbed += n);
         }
-    }
-}
-
-impl<B> Body for ScrubbedBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = &mut *self;
-        loop {
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    this.carry.extend_from_slice(&data);
-                    let safe = this.scrubber.safe_len(this.carry.len());
-                    let (out, used, n) = this.scrubber.scrub_until(&this.carry, Some(safe));
-                    this.carry.drain(..used);
-                    this.count(n);
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
-                    }
-                }
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    let rest = std::mem::take(&mut this.carry);
-                    let (out, _, n) = this.scrubber.scrub_until(&rest, None);
-                    this.count(n);
-                    if out.is_empty() {
-                        return Poll::Ready(None);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ended
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
+        (out, used)
     }
 }
 
@@ -432,7 +378,8 @@ impl<B> GuardedBody<B> {
 
 impl<B> Body for GuardedBody<B>
 where
-    B: Body<Data = Bytes, Error = hyper::Error> + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<RequestBodyError>,
 {
     type Data = Bytes;
     type Error = RequestBodyError;
@@ -498,6 +445,8 @@ mod tests {
             value: SecretValue::new(value.to_owned()),
             hosts: Vec::new(),
             value_env: "V".to_owned(),
+            env: "E".to_owned(),
+            substitute: Vec::new(),
         }
     }
 

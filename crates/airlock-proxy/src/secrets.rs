@@ -1,19 +1,93 @@
-//! Placeholder substitution on plain-HTTP requests.
+//! Placeholder substitution, on plain-HTTP requests and on HTTPS requests the proxy
+//! intercepts ([`crate::intercept`]).
 //!
-//! Where: header values, and the query string of the request target (where the value is
-//! percent-encoded). Not in the path, not in bodies, not in header names. Only the
-//! secrets whose hosts admit the request's `host:port` apply; toward any other host the
-//! placeholder passes through as the job wrote it.
+//! Where: the places each secret's `substitute` names, header values unless it names more:
+//! header values; the query string of the request target (where the value is
+//! percent-encoded); the request body, as it streams ([`SubstitutedBody`]). Never the
+//! path, never header names. Only the secrets whose hosts admit the request's `host:port`
+//! apply; toward any other host the placeholder passes through as the job wrote it (and
+//! the record lists it, [`unbound_placeholders`]).
 //!
-//! CONNECT tunnels are opaque: the proxy cannot see inside TLS, so a placeholder sent over
-//! HTTPS reaches the server as the placeholder. Substituting there would need the proxy to
-//! terminate TLS with a per-job CA that the job trusts (and to verify the real server's
-//! certificate itself); that is not built.
+//! A tunnel the proxy does not intercept is opaque: a placeholder sent through it reaches
+//! the server as the placeholder, unseen.
 //!
 //! What keeps the real value from coming back in responses, or going out toward other
 //! hosts, is in [`crate::scrub`].
 
 use crate::config::Secret;
+use crate::edit::{Edit, EditedBody};
+
+/// The job-side names of the secrets among `foreign` (secrets not for this request's
+/// host) whose placeholder appears in `texts` (the request target, header values).
+pub(crate) fn unbound_placeholders<'a>(
+    foreign: &[&Secret],
+    texts: impl Iterator<Item = &'a [u8]> + Clone,
+) -> Vec<String> {
+    foreign
+        .iter()
+        .filter(|secret| {
+            let needle = secret.placeholder.as_bytes();
+            texts
+                .clone()
+                .any(|text| text.windows(needle.len()).any(|w| w == needle))
+        })
+        .map(|secret| secret.env.clone())
+        .collect()
+}
+
+/// The [`Edit`] that replaces every placeholder of its secrets by the real value in a
+/// request body as it streams ([`EditedBody`]).
+pub(crate) struct Substitute {
+    /// (placeholder, value) pairs.
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// `inner` with the placeholders of `secrets` replaced as it streams.
+pub(crate) fn substituted<B>(inner: B, secrets: &[&Secret]) -> EditedBody<B, Substitute> {
+    let pairs = secrets
+        .iter()
+        .filter(|s| !s.placeholder.is_empty())
+        .map(|s| {
+            (
+                s.placeholder.as_bytes().to_vec(),
+                s.value.expose().as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    EditedBody::new(inner, Substitute { pairs })
+}
+
+impl Edit for Substitute {
+    fn hold(&self) -> usize {
+        self.pairs
+            .iter()
+            .map(|(placeholder, _)| placeholder.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn edit(&mut self, input: &[u8], limit: Option<usize>) -> (Vec<u8>, usize) {
+        let end = limit.unwrap_or(input.len()).min(input.len());
+        let mut out = Vec::with_capacity(input.len());
+        let mut i = 0;
+        'scan: while i < end {
+            for (placeholder, value) in &self.pairs {
+                if input[i..].starts_with(placeholder) {
+                    out.extend_from_slice(value);
+                    i += placeholder.len();
+                    continue 'scan;
+                }
+            }
+            out.push(input[i]);
+            i += 1;
+        }
+        if limit.is_none() {
+            out.extend_from_slice(&input[i.min(input.len())..]);
+            i = input.len();
+        }
+        (out, i)
+    }
+}
 
 /// Replaces every placeholder of `secrets` in `input`; `None` when nothing changed.
 pub(crate) fn substitute_bytes(input: &[u8], secrets: &[&Secret]) -> Option<Vec<u8>> {
@@ -93,6 +167,8 @@ mod tests {
             value: SecretValue::new(value.to_owned()),
             hosts: Vec::new(),
             value_env: "V".to_owned(),
+            env: "E".to_owned(),
+            substitute: Vec::new(),
         }
     }
 
@@ -115,6 +191,46 @@ mod tests {
             Some("/PLACEHOLDER/x?key=a%20b%26c%3Dd&y=1")
         );
         assert_eq!(substitute_query("/PLACEHOLDER", &[&s]), None);
+    }
+
+    #[tokio::test]
+    async fn a_body_gets_every_placeholder_across_any_split() {
+        use bytes::Bytes;
+        use http_body_util::{BodyExt, StreamBody};
+        use hyper::body::Frame;
+        let s = secret("PLACEHOLDER", "the-real-value");
+        let body = b"a=PLACEHOLDER&b=PLACEHOLDER&c=PLACEHOLDE";
+        for split in 0..=body.len() {
+            let frames = vec![
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::copy_from_slice(
+                    &body[..split],
+                ))),
+                Ok(Frame::data(Bytes::copy_from_slice(&body[split..]))),
+            ];
+            let inner = StreamBody::new(futures_util::stream::iter(frames));
+            let out = substituted(inner, &[&s])
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes();
+            assert_eq!(
+                &out[..],
+                b"a=the-real-value&b=the-real-value&c=PLACEHOLDE",
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn placeholders_toward_other_hosts_are_named() {
+        let a = secret("PLACEHOLDER-A", "1");
+        let mut b = secret("PLACEHOLDER-B", "2");
+        b.env = "B_TOKEN".to_owned();
+        let texts: [&[u8]; 2] = [b"/path?x=1", b"Bearer PLACEHOLDER-B"];
+        assert_eq!(
+            unbound_placeholders(&[&a, &b], texts.iter().copied()),
+            vec!["B_TOKEN".to_owned()]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::ext::ReasonPhrase;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -27,7 +28,7 @@ use crate::meter::Metered;
 use crate::record::{LimitKind, ProxySummary};
 use crate::scrub::FOREIGN_SECRET_REASON;
 use crate::state::{Activity, Cut, InFlight, Shared};
-use crate::{forward, tunnel};
+use crate::{forward, intercept, tunnel};
 
 /// Largest request line plus headers, in bytes; a larger head gets 431 and a record.
 pub const MAX_REQUEST_HEAD_BYTES: usize = 32 * 1024;
@@ -40,8 +41,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How long `shutdown` waits for connections to finish their records.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
+/// Why the body of a response to the job broke off.
+pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The body of every response the proxy sends.
-pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
+pub(crate) type ProxyBody = BoxBody<Bytes, BodyError>;
 
 /// A running proxy.
 #[derive(Debug)]
@@ -275,24 +279,15 @@ async fn route(
             Some(LimitKind::Bytes),
         );
     }
-    if !shared.config.allows(&target.host, target.port) {
+    if !shared.allows(&target.host, target.port) {
         let reason = format!(
             "{} is not on the allowlist",
             target.host.authority_with_port(target.port)
         );
         return deny(&inflight, StatusCode::FORBIDDEN, &reason, None);
     }
-    if forward::carries_foreign_secret(&req, &target, &shared.config) {
-        tracing::warn!(
-            reason = FOREIGN_SECRET_REASON,
-            "proxy request denied: a secret's value toward another host"
-        );
-        return deny(
-            &inflight,
-            StatusCode::FORBIDDEN,
-            FOREIGN_SECRET_REASON,
-            None,
-        );
+    if let Some(refusal) = refuse_foreign_secret(&req, &target, shared, &inflight) {
+        return refusal;
     }
     let (stream, addr) = match dial(shared, &target.host, target.port).await {
         Ok(dialled) => dialled,
@@ -327,7 +322,11 @@ async fn route(
         inflight.counters(),
     );
     if req.method() == Method::CONNECT {
-        tunnel::open(req, upstream, ctx, inflight)
+        if shared.intercepts(&target.host, target.port) {
+            intercept::open(req, target, upstream, addr.ip(), ctx, inflight)
+        } else {
+            tunnel::open(req, upstream, ctx, inflight)
+        }
     } else {
         forward::send(req, &target, upstream, ctx, inflight).await
     }
@@ -388,8 +387,31 @@ fn parse_target(req: &Request<Incoming>) -> Result<Target, Refusal> {
     }
 }
 
+/// The refusal of a request whose head carries a secret's real value toward a host outside
+/// its scope ([`forward::carries_foreign_secret`]), if it does.
+pub(crate) fn refuse_foreign_secret(
+    req: &Request<Incoming>,
+    target: &Target,
+    shared: &Shared,
+    inflight: &InFlight,
+) -> Option<Response<ProxyBody>> {
+    if !forward::carries_foreign_secret(req, target, &shared.config) {
+        return None;
+    }
+    tracing::warn!(
+        reason = FOREIGN_SECRET_REASON,
+        "proxy request denied: a secret's value toward another host"
+    );
+    Some(deny(
+        inflight,
+        StatusCode::FORBIDDEN,
+        FOREIGN_SECRET_REASON,
+        None,
+    ))
+}
+
 /// Refuses by policy: a Denied record, and the reason to the job.
-fn deny(
+pub(crate) fn deny(
     inflight: &InFlight,
     status: StatusCode,
     reason: &str,
@@ -414,7 +436,13 @@ pub(crate) fn fail(
     response
 }
 
-/// A short plain-text answer from the proxy itself.
+/// Longest reason phrase the proxy writes, in bytes.
+const REASON_PHRASE_MAX_BYTES: usize = 200;
+
+/// A short plain-text answer from the proxy itself. Over HTTP/1.1 the reason is also the
+/// reason phrase (`403 airlock proxy: x.test:443 is not on the allowlist`), since many
+/// clients print only the status line of a refused CONNECT (Python's `http.client`, and
+/// so pip and `requests`).
 pub(crate) fn text_response(status: StatusCode, text: &str) -> Response<ProxyBody> {
     let body = Full::new(Bytes::from(format!("airlock proxy: {text}\n")))
         .map_err(|never| match never {})
@@ -425,6 +453,20 @@ pub(crate) fn text_response(status: StatusCode, text: &str) -> Response<ProxyBod
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    let phrase: String = format!("airlock proxy: {text}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(REASON_PHRASE_MAX_BYTES)
+        .collect();
+    if let Ok(phrase) = ReasonPhrase::try_from(phrase) {
+        response.extensions_mut().insert(phrase);
+    }
     response
 }
 

@@ -9,10 +9,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::ProxyConfig;
-use crate::record::{ConnectionRecord, LimitKind, ProxySummary, Verdict};
+use crate::host::TargetHost;
+use crate::record::{ConnectionRecord, LimitKind, ProxySummary, RECORD_PATH_MAX_BYTES, Verdict};
 
 /// Longest host kept in a record of a refused request, in bytes.
 const RECORD_HOST_MAX_BYTES: usize = 255;
+
+/// Most file hosts package indexes may name during one job; later ones are not allowed.
+pub const FILE_HOSTS_MAX: usize = 16;
 
 /// One proxy's shared state.
 pub(crate) struct Shared {
@@ -34,6 +38,9 @@ pub(crate) struct Shared {
     /// Cloned into every task; the proxy has drained when all clones are gone. Taken out
     /// (dropped) by `shutdown`.
     drain: Mutex<Option<mpsc::Sender<()>>>,
+    /// Hosts a package index's answers linked to for files (`https://` links): allowed
+    /// and intercepted for the rest of the job, at most [`FILE_HOSTS_MAX`].
+    file_hosts: Mutex<Vec<(TargetHost, u16)>>,
 }
 
 impl Shared {
@@ -57,7 +64,47 @@ impl Shared {
             limit_hit: Mutex::new(None),
             stop,
             drain: Mutex::new(Some(drain)),
+            file_hosts: Mutex::new(Vec::new()),
         }
+    }
+
+    /// True when `host:port` may be reached: on the allowlist, a package index, or a file
+    /// host an index named.
+    pub(crate) fn allows(&self, host: &TargetHost, port: u16) -> bool {
+        self.config.allows(host, port) || self.is_file_host(host, port)
+    }
+
+    /// True when the proxy terminates the TLS of a tunnel to `host:port`.
+    pub(crate) fn intercepts(&self, host: &TargetHost, port: u16) -> bool {
+        self.config.intercepts(host, port)
+            || (self.config.interception().is_some() && self.is_file_host(host, port))
+    }
+
+    /// True for a package index and the file hosts it named: their requests' paths are
+    /// recorded.
+    pub(crate) fn is_package_host(&self, host: &TargetHost, port: u16) -> bool {
+        self.config.is_package_index(host, port) || self.is_file_host(host, port)
+    }
+
+    fn is_file_host(&self, host: &TargetHost, port: u16) -> bool {
+        lock(&self.file_hosts)
+            .iter()
+            .any(|(h, p)| h == host && *p == port)
+    }
+
+    /// Allows `host:port` from now on, because a package index linked to it; `false` when
+    /// [`FILE_HOSTS_MAX`] are known already (the host stays unknown).
+    pub(crate) fn learn_file_host(&self, host: TargetHost, port: u16) -> bool {
+        let mut hosts = lock(&self.file_hosts);
+        if hosts.iter().any(|(h, p)| *h == host && *p == port) {
+            return true;
+        }
+        if hosts.len() >= FILE_HOSTS_MAX {
+            return false;
+        }
+        tracing::debug!(%host, port, "a package index named a file host");
+        hosts.push((host, port));
+        true
     }
 
     /// Milliseconds since the proxy started.
@@ -290,6 +337,19 @@ impl InFlight {
             r.host = host;
             r.port = port;
         });
+    }
+
+    /// Records the request's path (package hosts only), without its query, bounded.
+    pub(crate) fn path(&self, path: &str) {
+        let mut path = path.split('?').next().unwrap_or_default().to_owned();
+        if path.len() > RECORD_PATH_MAX_BYTES {
+            let mut cut = RECORD_PATH_MAX_BYTES;
+            while !path.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            path.truncate(cut);
+        }
+        self.update(|r| r.path = Some(path));
     }
 
     /// Marks the record denied.

@@ -58,6 +58,7 @@ pub struct Metrics {
     warm_ready: Gauge<i64, AtomicI64>,
     warm_jobs: Family<WarmLabels, Counter>,
     warm_sandboxes: Family<WarmLabels, Counter>,
+    warm_zygote: Family<WarmLabels, Counter>,
     /// The pool figures last copied into the counters.
     warm_seen: std::sync::Mutex<WarmPoolStats>,
 }
@@ -121,6 +122,7 @@ impl Metrics {
         let warm_ready = Gauge::<i64, AtomicI64>::default();
         let warm_jobs = Family::<WarmLabels, Counter>::default();
         let warm_sandboxes = Family::<WarmLabels, Counter>::default();
+        let warm_zygote = Family::<WarmLabels, Counter>::default();
         registry.register(
             "warm_pool_ready",
             "Warm sandboxes started and waiting for a job ([native] warm_pool)",
@@ -136,11 +138,17 @@ impl Metrics {
             "Warm sandboxes started, failed to start, or found dead and discarded",
             warm_sandboxes.clone(),
         );
+        registry.register(
+            "warm_pool_zygote",
+            "The warm pool's zygotes ([native] zygote): hit (a job ran in a forked sandbox), forked, fork_failed (filled from scratch instead), started, failed (to start), lost (died or unusable while serving)",
+            warm_zygote.clone(),
+        );
         Self {
             registry,
             warm_ready,
             warm_jobs,
             warm_sandboxes,
+            warm_zygote,
             warm_seen: std::sync::Mutex::new(WarmPoolStats::default()),
             jobs,
             duration,
@@ -211,24 +219,31 @@ impl Metrics {
             ("miss", now.misses, seen.misses),
             ("unfit", now.unfit, seen.unfit),
         ];
-        for (result, now, before) in jobs {
-            self.warm_jobs
-                .get_or_create(&WarmLabels {
-                    result: result.to_owned(),
-                })
-                .inc_by(now.saturating_sub(before));
-        }
         let sandboxes = [
             ("started", now.started, seen.started),
             ("failed", now.failed, seen.failed),
             ("discarded", now.discarded, seen.discarded),
         ];
-        for (result, now, before) in sandboxes {
-            self.warm_sandboxes
-                .get_or_create(&WarmLabels {
-                    result: result.to_owned(),
-                })
-                .inc_by(now.saturating_sub(before));
+        let zygote = [
+            ("hit", now.forked_hits, seen.forked_hits),
+            ("forked", now.forked, seen.forked),
+            ("fork_failed", now.fork_failed, seen.fork_failed),
+            ("started", now.zygotes_started, seen.zygotes_started),
+            ("failed", now.zygotes_failed, seen.zygotes_failed),
+            ("lost", now.zygotes_lost, seen.zygotes_lost),
+        ];
+        for (family, counts) in [
+            (&self.warm_jobs, &jobs[..]),
+            (&self.warm_sandboxes, &sandboxes[..]),
+            (&self.warm_zygote, &zygote[..]),
+        ] {
+            for (result, now, before) in counts {
+                family
+                    .get_or_create(&WarmLabels {
+                        result: (*result).to_owned(),
+                    })
+                    .inc_by(now.saturating_sub(*before));
+            }
         }
         *seen = now;
     }

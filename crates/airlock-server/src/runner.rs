@@ -252,14 +252,7 @@ impl Runner {
     pub fn warm_pool_stats(&self) -> Option<WarmPoolStats> {
         let mut total: Option<WarmPoolStats> = None;
         for stats in self.engines().iter().filter_map(|e| e.engine.warm_pool()) {
-            let sum = total.get_or_insert_with(WarmPoolStats::default);
-            sum.ready += stats.ready;
-            sum.hits += stats.hits;
-            sum.misses += stats.misses;
-            sum.unfit += stats.unfit;
-            sum.started += stats.started;
-            sum.failed += stats.failed;
-            sum.discarded += stats.discarded;
+            total.get_or_insert_with(WarmPoolStats::default).add(&stats);
         }
         total
     }

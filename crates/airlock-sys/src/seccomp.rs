@@ -26,6 +26,8 @@
 
 mod oci;
 
+pub use oci::OciRuntime;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -40,6 +42,9 @@ const TARGET_ARCH: TargetArch = TargetArch::x86_64;
 
 /// The longest BPF program the kernel accepts (`BPF_MAXINSNS`).
 const BPF_MAX_INSTRUCTIONS: usize = 4096;
+
+/// Size of one `struct sock_filter`.
+pub const SOCK_FILTER_BYTES: usize = 8;
 
 /// `BPF_LD | BPF_W | BPF_ABS`: load a 32-bit word of `seccomp_data`.
 const BPF_LOAD_WORD: u16 = 0x20;
@@ -267,12 +272,9 @@ impl SeccompPolicy {
     /// Renders the policy as one OCI seccomp profile (JSON text, for Docker's `SecurityOpt:
     /// seccomp=…`, Podman's profile file and a Kubernetes `Localhost` profile).
     ///
-    /// `allow_clone3`: gVisor answers every `SCMP_ACT_ERRNO` of an OCI profile with `EPERM`
-    /// (its runsc of 2022 ignores `errnoRet`), on which glibc gives up creating threads
-    /// instead of falling back to `clone`. There `clone3` is allowed: its namespace flags
-    /// create namespaces of gVisor's own kernel, never of the host's.
-    pub fn to_oci_profile(&self, allow_clone3: bool) -> Result<String, SeccompError> {
-        oci::to_oci_profile(self, allow_clone3)
+    /// `runtime` says which kernel enforces it: see [`OciRuntime`] for the rules that differ.
+    pub fn to_oci_profile(&self, runtime: OciRuntime) -> Result<String, SeccompError> {
+        oci::to_oci_profile(self, runtime)
     }
 
     fn filter(&self, name: FilterName) -> Result<&PolicyFilter, SeccompError> {
@@ -314,6 +316,22 @@ impl CompiledSeccomp {
             FilterName::Allow => &self.allow,
             FilterName::Deny => &self.deny,
         }
+    }
+
+    /// The BPF program of one filter as the kernel reads it: an array of `struct
+    /// sock_filter` (`u16 code, u8 jt, u8 jf, u32 k`, native byte order, 8 bytes each),
+    /// for a process that installs it without this crate (the zygote's children, which
+    /// pass it to `seccomp(2)` through Python's `ctypes`).
+    pub fn program_bytes(&self, name: FilterName) -> Vec<u8> {
+        let program = self.program(name);
+        let mut bytes = Vec::with_capacity(program.len() * SOCK_FILTER_BYTES);
+        for insn in program {
+            bytes.extend_from_slice(&insn.code.to_ne_bytes());
+            bytes.push(insn.jt);
+            bytes.push(insn.jf);
+            bytes.extend_from_slice(&insn.k.to_ne_bytes());
+        }
+        bytes
     }
 
     /// Installs both filters on the calling thread, `allow` then `deny`.
@@ -744,6 +762,27 @@ mod tests {
             let len = compiled.program(name).len();
             assert!(len > 3 && len <= BPF_MAX_INSTRUCTIONS, "{name}: {len}");
         }
+    }
+
+    #[test]
+    fn program_bytes_are_sock_filters_in_native_order() {
+        let compiled = CompiledSeccomp::builtin().unwrap();
+        for name in FilterName::INSTALL_ORDER {
+            let program = compiled.program(name);
+            let bytes = compiled.program_bytes(name);
+            assert_eq!(bytes.len(), program.len() * SOCK_FILTER_BYTES);
+            // The kernel's own layout, as seccompiler hands it to prctl.
+            let filters = to_program(name, program).unwrap();
+            for (chunk, insn) in bytes.chunks(SOCK_FILTER_BYTES).zip(&filters) {
+                assert_eq!(u16::from_ne_bytes([chunk[0], chunk[1]]), insn.code);
+                assert_eq!((chunk[2], chunk[3]), (insn.jt, insn.jf));
+                assert_eq!(
+                    u32::from_ne_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]),
+                    insn.k
+                );
+            }
+        }
+        assert_eq!(std::mem::size_of::<sock_filter>(), SOCK_FILTER_BYTES);
     }
 
     #[test]

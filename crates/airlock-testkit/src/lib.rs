@@ -14,6 +14,8 @@ mod names;
 mod parse;
 mod report;
 pub mod require;
+#[cfg(feature = "tls-server")]
+pub mod tls;
 
 use std::path::{Path, PathBuf};
 

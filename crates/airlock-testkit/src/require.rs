@@ -40,6 +40,20 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
+/// Whether this process has `CAP_SYS_RESOURCE` (bit 24 of `CapEff`), which some hosts'
+/// root lacks (a container's); airlock, started by it, has what it has.
+pub fn has_cap_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
+}
+
 /// Returns from the calling test unless `$met`, reporting `$reason` (see the module docs).
 #[macro_export]
 macro_rules! require {

@@ -16,3 +16,4 @@ mod rootfs_dir;
 mod rootless;
 mod token;
 mod tool_schema;
+mod zygote;

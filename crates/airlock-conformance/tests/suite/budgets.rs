@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 
 use pretty_assertions::assert_eq;
 
-use super::common::{Kind, Target, eventually, host_pids_with, marker};
+use super::common::{Target, eventually, host_pids_with, marker};
 
 /// A job that takes as much as it can of each per-user budget, then starts a child whose
 /// command line is `<argv[1]>-held` (the host sees it) and holds everything until that child is
@@ -142,19 +142,6 @@ MFD_EXEC = 0x10
 print(run_fd('fd'), run_fd('path'), attempt(lambda: os.memfd_create('y', MFD_EXEC) and 'created'))
 "#;
 
-/// Whether this process has `CAP_SYS_RESOURCE` (bit 24 of `CapEff`).
-fn has_cap_sys_resource() -> bool {
-    const CAP_SYS_RESOURCE: u32 = 24;
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
-}
-
 /// The first (minimum) value of `net.ipv4.<name>`.
 fn tcp_minimum(name: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
@@ -177,7 +164,7 @@ fn host_budget_probe() -> serde_json::Value {
 }
 
 conformance_on! {
-    [native: Native, warm: Warm]
+    [native: Native, warm: Warm, zygote: Zygote]
 
     fn host_root_keeps_its_per_user_budgets_while_a_job_exhausts_them(t: &Target) {
         let ready = marker("budgets");
@@ -232,7 +219,7 @@ conformance_on! {
              \x20   result = errno.errorcode[e.errno]\n\
              print(before, result, open('/proc/self/oom_score_adj').read().strip())",
         ]);
-        if has_cap_sys_resource() {
+        if airlock_testkit::require::has_cap_sys_resource() {
             assert_eq!(run.obs["stdout"], "1000 EACCES 1000\n", "{:#}", run.obs);
         } else {
             // Pinning the minimum needs CAP_SYS_RESOURCE, which this host's root lacks: the
@@ -254,26 +241,72 @@ conformance_on! {
     }
 }
 
-conformance_on! {
-    [docker: Docker, gvisor: Gvisor, podman: Podman]
+/// On the container backends: asks for a memfd without flags and for an explicitly
+/// executable one, then writes `/bin/true` to a memfd made with `MFD_NOEXEC_SEAL` and runs it
+/// by descriptor and by path, then tries to make it executable; prints the five outcomes.
+const MEMFD_SEALED: &str = r#"
+import errno, os
+MFD_EXEC, MFD_NOEXEC_SEAL = 0x10, 0x8
+def attempt(f):
+    try:
+        return f()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def run(fd, how):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execve(fd if how == 'fd' else '/proc/self/fd/%d' % fd, ['true'], {})
+        except OSError as e:
+            os._exit(100 + e.errno)
+    _, st = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(st)
+    return 'ran' if code == 0 else errno.errorcode.get(code - 100, str(code))
+plain = attempt(lambda: os.memfd_create('x', 0) and 'created')
+explicit = attempt(lambda: os.memfd_create('y', MFD_EXEC) and 'created')
+sealed = attempt(lambda: os.memfd_create('z', MFD_NOEXEC_SEAL))
+if isinstance(sealed, int):
+    os.write(sealed, open('/bin/true', 'rb').read())
+    print(plain, explicit, run(sealed, 'fd'), run(sealed, 'path'),
+          attempt(lambda: os.fchmod(sealed, 0o755) or 'chmod'))
+else:
+    print(plain, explicit, sealed)
+"#;
 
-    // The container engines refuse `vm.*` sysctls for a container and airlock's jobs never
-    // hold the privilege to set one from inside, so a memfd the job writes stays
-    // executable there (docs/docker.md, "Executable memfds"): with the job's own rights,
-    // seccomp filter and limits, as its interpreter already could. This pins the
-    // documented shape; it fails the day an engine allows the sysctl, so that the
-    // backend sets it and the documentation changes with it.
-    fn code_written_to_a_memfd_runs_on_container_backends_as_documented(t: &Target) {
+conformance_on! {
+    [docker: Docker, podman: Podman]
+
+    // The container engines refuse the `vm.memfd_noexec` sysctl the native backend sets, so
+    // the seccomp profile for runc allows `memfd_create` only with `MFD_NOEXEC_SEAL`
+    // (airlock_sys::seccomp::OciRuntime::Runc): a memfd that could be made executable is
+    // refused with the profile's ENOSYS, and a sealed one can be neither run nor chmod'ed.
+    fn code_written_to_a_memfd_cannot_run_on_runc(t: &Target) {
+        airlock_testkit::require!(
+            std::path::Path::new("/proc/sys/vm/memfd_noexec").exists(),
+            "this kernel predates MFD_NOEXEC_SEAL (Linux 6.3): no memfd can be made on runc (docs/docker.md)"
+        );
+        let run = t.run(&["-c", MEMFD_SEALED]);
+        assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+        assert_eq!(run.obs["stdout"], "ENOSYS ENOSYS EACCES EACCES EPERM\n", "{:#}", run.obs);
+    }
+}
+
+conformance_on! {
+    [gvisor: Gvisor]
+
+    // gVisor's own kernel predates MFD_EXEC and MFD_NOEXEC_SEAL (Linux 6.3), so its profile
+    // keeps `memfd_create` as the policy says, and a memfd the job writes stays executable
+    // there (docs/docker.md, "Executable memfds"): with the job's own rights, seccomp filter
+    // and limits, as its interpreter already could. This pins the documented shape; it
+    // fails the day gVisor learns the flags, so that the profile and the documentation
+    // change with it.
+    fn code_written_to_a_memfd_runs_on_gvisor_as_documented(t: &Target) {
         let run = t.run(&["-c", MEMFD_EXEC]);
         assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
-        // gVisor's own kernel does not know MFD_EXEC (Linux 6.3): it answers EINVAL for
-        // the flag, and runs a memfd made without it all the same.
-        let expected = if t.kind == Kind::Gvisor {
-            "ran ran EINVAL\n"
-        } else {
-            "ran ran created\n"
-        };
-        assert_eq!(run.obs["stdout"], expected, "{:#}", run.obs);
+        assert_eq!(run.obs["stdout"], "ran ran EINVAL\n", "{:#}", run.obs);
+        let sealed = t.run(&["-c", MEMFD_SEALED]);
+        assert_eq!(sealed.obs["outcome"], "exited", "{:#}", sealed.obs);
+        assert_eq!(sealed.obs["stdout"], "created EINVAL EINVAL\n", "{:#}", sealed.obs);
     }
 }
 
@@ -291,7 +324,7 @@ mod tcp {
     const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 
     conformance_on! {
-        [native: Native, warm: Warm, docker: Docker, gvisor: Gvisor, podman: Podman]
+        [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor, podman: Podman]
 
         fn tcp_buffers_are_held_to_the_memory_limit(t: &Target) {
             let policy = t.policy_with("timeout = \"30s\"", "", "");

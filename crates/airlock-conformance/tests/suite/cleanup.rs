@@ -141,7 +141,7 @@ fn interrupted_airlock_kills_the_job_cleans_up_and_audits(
     let message = run.obs["error"]["message"].as_str().unwrap();
     assert!(message.contains(name), "{message}");
     assert_eq!(run.code, 125);
-    if t.kind == Kind::Warm {
+    if t.kind.is_warm() {
         assert!(job.starts_with("warm-"), "{job}");
     } else {
         assert_eq!(run.obs["job_id"], job.as_str());

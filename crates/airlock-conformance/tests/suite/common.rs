@@ -21,6 +21,10 @@ pub enum Kind {
     /// warm sandbox cannot take (another language than Python, the egress proxy) run in
     /// a fresh sandbox there, and here too.
     Warm,
+    /// The warm path with `[native] zygote = true` (`airlock run --warm` under such a
+    /// policy): each job delivered to a sandbox forked from a zygote. Jobs a warm sandbox
+    /// cannot take run in a fresh sandbox, as for `Warm`.
+    Zygote,
 }
 
 impl Kind {
@@ -32,20 +36,26 @@ impl Kind {
             Kind::Podman => "podman",
             Kind::Kube => "kube",
             Kind::Warm => "warm",
+            Kind::Zygote => "zygote",
         }
     }
 
     /// The `--backend` this kind runs on.
     pub fn backend(self) -> &'static str {
         match self {
-            Kind::Warm => "native",
+            Kind::Warm | Kind::Zygote => "native",
             other => other.name(),
         }
     }
 
-    /// Whether jobs run in the native backend's sandboxes (warm or fresh).
+    /// Whether jobs run in the native backend's sandboxes (warm, forked or fresh).
     pub fn is_native(self) -> bool {
-        matches!(self, Kind::Native | Kind::Warm)
+        matches!(self, Kind::Native | Kind::Warm | Kind::Zygote)
+    }
+
+    /// Whether jobs the warm path takes go through it (`airlock run --warm`).
+    pub fn is_warm(self) -> bool {
+        matches!(self, Kind::Warm | Kind::Zygote)
     }
 
     /// Whether the job runs from an image, in a container on the Docker or Podman daemon of
@@ -247,7 +257,7 @@ impl Target {
     /// through the warm path.
     pub fn backend_args(&self, args: &[&str]) -> Vec<&'static str> {
         let mut out = vec!["--backend", self.kind.backend()];
-        if self.kind == Kind::Warm && warm_fits(args) {
+        if self.kind.is_warm() && warm_fits(args) {
             out.push("--warm");
         }
         out
@@ -283,9 +293,15 @@ impl Target {
         } else {
             "rootfs = \"host\"".to_owned()
         };
+        // The warm kinds pin how their sandboxes are made, whatever the default.
+        let native = match self.kind {
+            Kind::Zygote => "[native]\nzygote = true\n",
+            Kind::Warm => "[native]\nzygote = false\n",
+            _ => "",
+        };
         let text = format!(
             "version = \"test-1\"\n[limits]\n{limits}\n[filesystem]\n{rootfs}\n{filesystem}\n\
-             {}{kube}[docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{images}{extra}\n",
+             {}{kube}[docker]\ndocker_socket = {:?}\npodman_socket = {:?}\n{images}{extra}\n{native}",
             self.kube_section(),
             docker_socket().display().to_string(),
             podman_socket().display().to_string(),
@@ -367,7 +383,7 @@ impl Target {
             .args(args);
         let run = json_run(cmd.output().expect("spawn airlock"));
         if backend.contains(&"--warm") {
-            assert_ran_warm(&run);
+            assert_ran_warm(self.kind, &run);
         }
         run
     }
@@ -409,15 +425,22 @@ pub fn warm_fits(args: &[&str]) -> bool {
     true
 }
 
-/// A job run with `--warm` that got as far as running must say it ran warm: the warm
-/// kind proves nothing if its jobs quietly ran in fresh sandboxes.
-pub fn assert_ran_warm(run: &JsonRun) {
+/// A job run with `--warm` that got as far as running must say it ran warm (for the
+/// zygote kind: in a sandbox forked from a zygote): the warm kinds prove nothing if their
+/// jobs quietly ran in fresh sandboxes.
+pub fn assert_ran_warm(kind: Kind, run: &JsonRun) {
     if run.obs.get("error").is_some_and(|e| !e.is_null()) {
         return;
     }
+    let said = if kind == Kind::Zygote {
+        "the job ran in a sandbox forked from a zygote"
+    } else {
+        "the job ran in a warm sandbox"
+    };
     assert!(
-        run.stderr.contains("the job ran in a warm sandbox"),
-        "the job did not run in a warm sandbox: {}\n{:#}",
+        run.stderr.contains(said),
+        "the job did not run as {} says: {}\n{:#}",
+        kind.name(),
         run.stderr,
         run.obs
     );
@@ -520,6 +543,49 @@ pub fn airlock_containers(kind: Kind, job: Option<&str>) -> Vec<String> {
         .collect()
 }
 
+/// `airlock run --json --net proxy --backend KIND --policy POLICY ARGS...` with `values`
+/// (a secret's real value, by its `value_env`) in airlock's environment.
+pub fn run_proxy_job(t: &Target, policy: &Path, values: &[(&str, &str)], args: &[&str]) -> JsonRun {
+    let mut cmd = t.cmd();
+    for (name, value) in values {
+        cmd.env(name, value);
+    }
+    cmd.args([
+        "run",
+        "--json",
+        "--net",
+        "proxy",
+        "--backend",
+        t.kind.backend(),
+        "--policy",
+    ])
+    .arg(policy)
+    .args(args);
+    json_run(cmd.output().unwrap())
+}
+
+/// The observation of a proxy job that ran; `None` on a backend that refuses proxy jobs
+/// (gVisor, kube), after checking that it refused and said why.
+pub fn proxy_job_ran(t: &Target, run: JsonRun) -> Option<Value> {
+    if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
+        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
+        assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
+        assert!(
+            run.obs["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("proxy")
+        );
+        return None;
+    }
+    assert_eq!(
+        run.obs["outcome"], "exited",
+        "{:#}\n{}",
+        run.obs, run.stderr
+    );
+    Some(run.obs)
+}
+
 /// Asserts an error observation of `kind`, exit code 125.
 pub fn assert_error(run: &JsonRun, kind: &str) {
     assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
@@ -602,6 +668,7 @@ macro_rules! conformance {
         conformance!(@backend podman, Podman, $($name)*);
         conformance!(@backend kube, Kube, $($name)*);
         conformance!(@backend warm, Warm, $($name)*);
+        conformance!(@backend zygote, Zygote, $($name)*);
     };
     (@backend $module:ident, $kind:ident, $($name:ident)*) => {
         mod $module {

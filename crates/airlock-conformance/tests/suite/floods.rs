@@ -109,7 +109,7 @@ fn assert_flood_ends_promptly(t: &Target, limits: &str, source: &str, outcome: &
 }
 
 conformance_on! {
-    [native: Native, warm: Warm, docker: Docker, gvisor: Gvisor, podman: Podman]
+    [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor, podman: Podman]
 
     fn a_stdout_flood_that_never_exits_ends_within_the_timeout(t: &Target) {
         let tag = marker("flood-out");

@@ -71,8 +71,14 @@ conformance! {
         // (bench/), not enforcement, and stretches with the machine (1.8-2.4 s for docker
         // and gvisor here, 4-6 s for podman under the suite's parallel load): there the
         // bound only catches a hang, and the kill itself is judged by duration_ms below.
+        // A warm run (`airlock run --warm`) also builds its sandbox and starts the
+        // interpreter (the zygote kind: starts a zygote and forks the sandbox from it)
+        // before the job is delivered and its clock starts, work a server's pool does ahead
+        // of the job: there the bound allows for that (2.5 s was seen with the two cores at
+        // load 15; 4.2 s for the zygote kind at load 22).
         let slack = match t.kind {
-            Kind::Native | Kind::Warm => 2,
+            Kind::Native => 2,
+            Kind::Warm | Kind::Zygote => 5,
             Kind::Docker | Kind::Gvisor | Kind::Podman | Kind::Kube => 20,
         };
         assert!(elapsed < Duration::from_secs(slack), "took {elapsed:?}");

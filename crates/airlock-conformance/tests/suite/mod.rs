@@ -12,3 +12,4 @@ mod out;
 mod probe;
 mod proxy;
 mod sessions;
+mod tls;

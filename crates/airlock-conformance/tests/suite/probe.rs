@@ -36,7 +36,7 @@ fn run_probe_obs(t: &Target, filesystem: &str, extra: &[&str]) -> (ProbeReport, 
         cmd.arg("--file").arg(format!("probe={}", probe.display()));
         "/work/probe".to_owned()
     };
-    if t.kind == Kind::Warm {
+    if t.kind.is_warm() {
         // Warm sandboxes wait with a Python interpreter loaded: the job is Python that
         // becomes the probe, in the very sandbox the interpreter was started in.
         let argv: Vec<String> = ["/work/probe", "report"]
@@ -51,8 +51,8 @@ fn run_probe_obs(t: &Target, filesystem: &str, extra: &[&str]) -> (ProbeReport, 
             .arg(format!("exec {probe} report {}", extra.join(" ")));
     }
     let run = super::common::json_run(cmd.output().unwrap());
-    if t.kind == Kind::Warm {
-        super::common::assert_ran_warm(&run);
+    if t.kind.is_warm() {
+        super::common::assert_ran_warm(t.kind, &run);
     }
     assert_eq!(run.obs["ok"], true, "{:#}\n{}", run.obs, run.stderr);
     assert_eq!(run.obs["stdout_truncated"], false);
@@ -194,7 +194,7 @@ conformance! {
         let mut names: Vec<&str> = r.env.keys().map(String::as_str).collect();
         names.sort_unstable();
         let mut allowed = vec!["HOME", "LANG", "PATH", "PWD", "PYTHONDONTWRITEBYTECODE"];
-        if t.kind == Kind::Warm {
+        if t.kind.is_warm() {
             allowed.retain(|n| *n != "PWD");
         }
         assert_eq!(names, allowed);

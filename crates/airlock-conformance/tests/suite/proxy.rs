@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use pretty_assertions::assert_eq;
 
-use super::common::{JsonRun, Kind, RecordingServer, Target, json_run};
+use super::common::{JsonRun, Kind, RecordingServer, Target, proxy_job_ran, run_proxy_job};
 
 const SECRET_VALUE: &str = "real-secret-value-7f3a9c";
 const PLACEHOLDER: &str = "airlock-placeholder-token";
@@ -40,43 +40,14 @@ fn run_proxy(t: &Target, policy: &std::path::Path, source: &str) -> JsonRun {
 
 /// [`run_proxy`] with more `airlock run` arguments.
 fn run_proxy_with(t: &Target, policy: &std::path::Path, args: &[&str], source: &str) -> JsonRun {
-    let mut cmd = t.cmd();
-    cmd.env("REAL_TOKEN", SECRET_VALUE);
-    cmd.args([
-        "run",
-        "--json",
-        "--net",
-        "proxy",
-        "--backend",
-        t.kind.backend(),
-        "--policy",
-    ])
-    .arg(policy)
-    .args(args)
-    .args(["-c", source]);
-    json_run(cmd.output().unwrap())
+    let mut all = args.to_vec();
+    all.extend(["-c", source]);
+    run_proxy_job(t, policy, &[("REAL_TOKEN", SECRET_VALUE)], &all)
 }
 
 /// Runs a proxy job, or checks the refusal where the backend cannot give the shape.
 fn run(t: &Target, policy: &std::path::Path, source: &str) -> Option<serde_json::Value> {
-    let run = run_proxy(t, policy, source);
-    if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
-        assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
-        assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
-        assert!(
-            run.obs["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("proxy")
-        );
-        return None;
-    }
-    assert_eq!(
-        run.obs["outcome"], "exited",
-        "{:#}\n{}",
-        run.obs, run.stderr
-    );
-    Some(run.obs)
+    proxy_job_ran(t, run_proxy(t, policy, source))
 }
 
 /// A host-side HTTP server on 127.0.0.1 that records each request whole (head and a

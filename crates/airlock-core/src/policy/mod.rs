@@ -42,7 +42,10 @@ pub use languages::{LanguageSpec, builtin_languages};
 pub use limits::Limits;
 pub(crate) use limits::{check_cpus, check_memory, check_pids, check_timeout};
 pub use native::{CgroupParent, DegradedControl, NativePolicy};
-pub use network::{HostPattern, NetworkMode, NetworkPolicy, ProxyLimits, SecretSpec, parse_cidr};
+pub use network::{
+    HostPattern, NetworkMode, NetworkPolicy, PackagesPolicy, ProxyLimits, SecretSpec,
+    SubstitutePlace, parse_cidr, parse_https_url,
+};
 pub use redaction::RedactionPolicy;
 pub use sessions::{SessionMode, SessionsPolicy};
 

@@ -41,6 +41,15 @@ pub struct NativePolicy {
     /// that cannot be imported is skipped (the job's import then fails as it would), and
     /// what importing prints is discarded. Their memory counts against the job's limit.
     pub warm_preload: Vec<String>,
+    /// Whether the warm pool forks its sandboxes from a zygote: one trusted interpreter per
+    /// template, started in a sandbox of its own, that imports `warm_preload` once and then
+    /// only forks, each child building its own namespaces, cgroup, mounts and filters before
+    /// it waits for its job (docs/speed.md). On by default (it has no effect without a warm
+    /// pool); `false` starts every warm sandbox from scratch. Root mode only (a rootless
+    /// airlock starts them from scratch). Results and the security shape are the same
+    /// either way; the latency, the memory a waiting sandbox costs and the differences
+    /// docs/speed.md lists are not.
+    pub zygote: bool,
 }
 
 /// A dotted Python module name of ASCII identifiers (`numpy`, `os.path`): what a warm
@@ -176,6 +185,7 @@ impl Default for NativePolicy {
             warm_language: "python".to_owned(),
             warm_idle: Duration::from_secs(600),
             warm_preload: Vec::new(),
+            zygote: true,
         }
     }
 }

@@ -1,7 +1,9 @@
-//! `[network]`: network mode, allowlist, secrets and egress proxy limits.
+//! `[network]`: network mode, allowlist, secrets, reviewed package indexes, the trust roots
+//! of the proxy's own TLS, and egress proxy limits.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -28,6 +30,12 @@ pub struct NetworkPolicy {
     /// Secrets the job sees only as placeholders; the proxy substitutes the real value in
     /// requests to the secret's hosts.
     pub secrets: Vec<SecretSpec>,
+    /// PEM files of trust roots the proxy accepts, besides the host's, when it verifies the
+    /// certificate of an upstream whose TLS it intercepts (an internal CA). They are also
+    /// in the job's CA bundle. Absolute paths.
+    pub extra_roots: Vec<PathBuf>,
+    /// Reviewed package indexes the job may install from through the proxy.
+    pub packages: PackagesPolicy,
     /// Bounds on the proxy's work for one job.
     pub limits: ProxyLimits,
 }
@@ -71,7 +79,24 @@ impl NetworkPolicy {
             for host in &secret.hosts {
                 HostPattern::from_str(host).map_err(|reason| (field.clone(), reason))?;
             }
+            if secret.substitute.is_empty() {
+                return Err((
+                    field,
+                    "substitute must name at least one place (headers, query, body)".to_owned(),
+                ));
+            }
         }
+        for (i, path) in self.extra_roots.iter().enumerate() {
+            if !path.is_absolute() {
+                return Err((
+                    format!("extra_roots[{i}]"),
+                    format!("{} is not an absolute path", path.display()),
+                ));
+            }
+        }
+        self.packages
+            .check()
+            .map_err(|(field, reason)| (format!("packages.{field}"), reason))?;
         if self.limits.connections == 0 {
             return Err((
                 "limits.connections".to_owned(),
@@ -79,6 +104,16 @@ impl NetworkPolicy {
             ));
         }
         Ok(())
+    }
+}
+
+impl NetworkPolicy {
+    /// Whether the proxy terminates the TLS of some hosts, so that each job needs a CA of
+    /// its own, trusted inside the sandbox: when a secret is bound to a host (the proxy
+    /// puts its value into that host's requests) or a package index is named (the proxy
+    /// lists what was fetched from it).
+    pub fn intercepts_tls(&self) -> bool {
+        !self.secrets.is_empty() || self.packages.is_configured()
     }
 }
 
@@ -94,6 +129,100 @@ pub struct SecretSpec {
     pub value_env: String,
     /// `host[:port]` patterns the real value may be sent to.
     pub hosts: Vec<String>,
+    /// Where in a request toward those hosts the placeholder is replaced: header values
+    /// only unless the policy names more.
+    #[serde(default = "default_substitute")]
+    pub substitute: Vec<SubstitutePlace>,
+}
+
+fn default_substitute() -> Vec<SubstitutePlace> {
+    vec![SubstitutePlace::Headers]
+}
+
+/// A part of a request where a secret's placeholder may be replaced by its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubstitutePlace {
+    /// Header values (`Authorization: Bearer PLACEHOLDER`).
+    Headers,
+    /// The query string of the request target (the value percent-encoded).
+    Query,
+    /// The request body, as it streams (its length then changes, so it is sent chunked).
+    Body,
+}
+
+/// `[network.packages]`: package indexes reachable through the proxy, for `pip install`
+/// and `npm install`. The index's host is allowed without an `allow` entry; the hosts its
+/// pages link to for files (`https://` links only) are allowed as it names them, during
+/// the job. The proxy intercepts the TLS of all of them, so that each download is an audit
+/// line of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PackagesPolicy {
+    /// pip's index, a simple repository API over `https://`
+    /// (`https://pypi.org/simple`, or a mirror): the job's `PIP_INDEX_URL`.
+    pub index: Option<String>,
+    /// npm's registry over `https://` (`https://registry.npmjs.org`): the job's
+    /// `npm_config_registry`.
+    pub npm_registry: Option<String>,
+    /// Whether pip must check every file against a hash the requirements name
+    /// (`PIP_REQUIRE_HASHES=1` in the job's environment).
+    pub require_hashes: bool,
+}
+
+impl Default for PackagesPolicy {
+    fn default() -> Self {
+        Self {
+            index: None,
+            npm_registry: None,
+            require_hashes: true,
+        }
+    }
+}
+
+impl PackagesPolicy {
+    /// Whether any index is named.
+    pub fn is_configured(&self) -> bool {
+        self.index.is_some() || self.npm_registry.is_some()
+    }
+
+    /// The named indexes' URLs.
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        self.index
+            .iter()
+            .chain(&self.npm_registry)
+            .map(String::as_str)
+    }
+
+    fn check(&self) -> Result<(), (String, String)> {
+        for (field, url) in [("index", &self.index), ("npm_registry", &self.npm_registry)] {
+            if let Some(url) = url {
+                parse_https_url(url).map_err(|reason| (field.to_owned(), reason))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An `https://` URL's host (lower case, a name or an IPv4 address) and port (443 unless
+/// it names one). User information, a fragment and `*.` hosts are refused.
+pub fn parse_https_url(url: &str) -> Result<(String, u16), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or_else(|| format!("{url:?} is not an https:// URL"))?;
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if url.contains('#') || authority.contains('@') {
+        return Err(format!("{url:?}: no user information or fragment"));
+    }
+    if url.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+        return Err(format!("{url:?}: only printable ASCII, no spaces"));
+    }
+    let pattern =
+        HostPattern::from_str(authority).map_err(|reason| format!("{url:?}: {reason}"))?;
+    if pattern.host.starts_with("*.") {
+        return Err(format!("{url:?}: the host must be a name, not a wildcard"));
+    }
+    Ok((pattern.host, pattern.port.unwrap_or(443)))
 }
 
 /// Bounds on the egress proxy, per job.
@@ -223,5 +352,44 @@ mod tests {
         assert!("*.pythonhosted.org:443".parse::<HostPattern>().is_ok());
         assert!("evil.com:0".parse::<HostPattern>().is_err());
         assert!("a b".parse::<HostPattern>().is_err());
+    }
+
+    #[test]
+    fn package_index_urls() {
+        assert_eq!(
+            parse_https_url("https://PyPI.org/simple").unwrap(),
+            ("pypi.org".to_owned(), 443)
+        );
+        assert_eq!(
+            parse_https_url("https://mirror.test:8443/pypi/simple/").unwrap(),
+            ("mirror.test".to_owned(), 8443)
+        );
+        for bad in [
+            "http://pypi.org/simple",
+            "https://user:pw@pypi.org/simple",
+            "https://*.pypi.org/simple",
+            "https://pypi.org/simple#x",
+            "https:///simple",
+            "https://py pi.org/",
+        ] {
+            assert!(parse_https_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn secrets_substitute_in_headers_unless_told_otherwise() {
+        let spec: SecretSpec = toml::from_str(
+            "env = \"T\"\nplaceholder = \"placeholder-1\"\nvalue_env = \"V\"\nhosts = [\"a.test\"]",
+        )
+        .unwrap();
+        assert_eq!(spec.substitute, vec![SubstitutePlace::Headers]);
+        let spec: SecretSpec = toml::from_str(
+            "env = \"T\"\nplaceholder = \"placeholder-1\"\nvalue_env = \"V\"\nhosts = [\"a.test\"]\nsubstitute = [\"query\", \"body\"]",
+        )
+        .unwrap();
+        assert_eq!(
+            spec.substitute,
+            vec![SubstitutePlace::Query, SubstitutePlace::Body]
+        );
     }
 }

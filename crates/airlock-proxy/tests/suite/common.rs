@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use airlock_core::ByteSize;
-use airlock_core::policy::{NetworkMode, NetworkPolicy, ProxyLimits, SecretSpec};
+use airlock_core::policy::{NetworkMode, NetworkPolicy, PackagesPolicy, ProxyLimits, SecretSpec};
 use airlock_proxy::{ProxyConfig, ProxyHandle, ProxySummary, Resolver};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,6 +26,8 @@ pub fn resolver() -> Resolver {
         ("allowed.test", vec!["127.0.0.1"]),
         ("other.test", vec!["127.0.0.1"]),
         ("api.test", vec!["127.0.0.1"]),
+        ("pypi.test", vec!["127.0.0.1"]),
+        ("files.test", vec!["127.0.0.1"]),
         ("sub.wild.test", vec!["127.0.0.1"]),
         ("deep.sub.wild.test", vec!["127.0.0.1"]),
         ("wild.test", vec!["127.0.0.1"]),
@@ -70,6 +72,10 @@ pub struct Setup {
     pub limits: ProxyLimits,
     /// The resolver; `None`: the static table of [`resolver`].
     pub resolver: Option<Resolver>,
+    /// PEM files of roots the proxy trusts toward intercepted upstreams.
+    pub extra_roots: Vec<std::path::PathBuf>,
+    /// `[network.packages]`.
+    pub packages: PackagesPolicy,
 }
 
 impl Setup {
@@ -87,6 +93,8 @@ impl Setup {
                 idle_timeout: Duration::from_secs(30),
             },
             resolver: None,
+            extra_roots: Vec::new(),
+            packages: PackagesPolicy::default(),
         }
     }
 
@@ -98,6 +106,8 @@ impl Setup {
             secrets: self.secrets,
             limits: self.limits,
             hosts: Default::default(),
+            extra_roots: self.extra_roots,
+            packages: self.packages,
         };
         let values = self.secret_values;
         let dialled = Dialled::default();
@@ -110,12 +120,14 @@ impl Setup {
                     record.0.lock().unwrap().push(addr);
                     addr.ip().is_loopback()
                 }));
+        let bundle = config.trust_bundle_pem().map(str::to_owned);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let handle = airlock_proxy::spawn(listener, Arc::new(config)).unwrap();
         TestProxy {
             addr: handle.local_addr(),
             handle,
             dialled,
+            bundle,
         }
     }
 }
@@ -124,6 +136,8 @@ pub struct TestProxy {
     pub addr: SocketAddr,
     pub handle: ProxyHandle,
     pub dialled: Dialled,
+    /// The job's CA bundle, when the proxy intercepts TLS.
+    pub bundle: Option<String>,
 }
 
 impl TestProxy {

@@ -4,3 +4,4 @@ mod common;
 mod limits;
 mod refused;
 mod secrets;
+mod tls;

@@ -37,6 +37,7 @@ EXPECTED = {
 OPTIONAL = {
     "airlock_warm_pool_jobs": "counter",
     "airlock_warm_pool_sandboxes": "counter",
+    "airlock_warm_pool_zygote": "counter",
 }
 TEXT_004 = "text/plain;version=0.0.4"
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"

@@ -214,6 +214,29 @@ pub async fn post_raw(server: &Server, token: Option<&str>, body: Vec<u8>) -> An
     }
 }
 
+/// Posts `body` to `/v1/runs` in a task of its own: the answer's body, once it comes.
+pub fn spawn_run(server: &Server, body: Value) -> tokio::task::JoinHandle<Value> {
+    let url = server.url("/v1/runs");
+    tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    })
+}
+
+/// Sends SIGKILL to `pid`; whether it was still there.
+pub fn kill_pid(pid: u32) -> bool {
+    rustix::process::Pid::from_raw(pid as i32).is_some_and(|pid| {
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
+    })
+}
+
 pub fn python(code: &str) -> Value {
     serde_json::json!({"language": "python", "code": code})
 }

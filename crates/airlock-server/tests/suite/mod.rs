@@ -8,3 +8,4 @@ mod slow;
 mod sse;
 mod teardown;
 mod warm;
+mod zygote;

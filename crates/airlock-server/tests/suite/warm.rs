@@ -1,7 +1,8 @@
 //! The warm pool (`[native] warm_pool`): jobs delivered to sandboxes started ahead of
 //! time see exactly what a job in a fresh sandbox sees, one job per sandbox, with the
 //! wall clock from delivery; jobs it does not fit run fresh; dead warm sandboxes are
-//! replaced; nothing is left behind at shutdown.
+//! replaced; nothing is left behind at shutdown. These are the sandboxes started from
+//! scratch (`zygote = false`); suite::zygote has the forked ones.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -15,7 +16,8 @@ const POOL: u64 = 2;
 
 fn policy(warm_pool: u64) -> String {
     format!(
-        "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = {warm_pool}\n"
+        "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = {warm_pool}\n\
+         zygote = false\n"
     )
 }
 
@@ -28,7 +30,7 @@ fn server(warm_pool: u64) -> Server {
 }
 
 /// One series of `/metrics` (0 when absent).
-async fn metric(server: &Server, series: &str) -> u64 {
+pub(super) async fn metric(server: &Server, series: &str) -> u64 {
     let text = client()
         .get(server.url("/metrics"))
         .send()
@@ -42,7 +44,7 @@ async fn metric(server: &Server, series: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-async fn wait_ready(server: &Server, want: u64) {
+pub(super) async fn wait_ready(server: &Server, want: u64) {
     let start = Instant::now();
     while metric(server, "airlock_warm_pool_ready").await < want {
         assert!(
@@ -54,7 +56,7 @@ async fn wait_ready(server: &Server, want: u64) {
     }
 }
 
-async fn hits(server: &Server) -> u64 {
+pub(super) async fn hits(server: &Server) -> u64 {
     metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
 }
 
@@ -80,13 +82,10 @@ print(json.dumps({
 }, sort_keys=True))
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
-    require_server!();
-    let cold = server(0);
-    let warm = server(POOL);
-    wait_ready(&warm, POOL).await;
-    let cases: Vec<Value> = vec![
+/// The jobs whose outcome, output and (the probe's) view of the sandbox a warm or forked
+/// sandbox must give exactly as a fresh one does.
+pub(super) fn equivalence_cases() -> Vec<Value> {
+    vec![
         json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
                "files": [{"path": "data.txt", "content": "data"}]}),
         json!({"language": "python", "code": PROBE,
@@ -100,37 +99,61 @@ async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
         python("# -*- coding: latin-1 -*-\nprint(repr('\u{e9}'))\n"),
         python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"),
         python("import inspect\ndef g():\n    return 1\nprint(inspect.getsource(g))\n"),
-    ];
+    ]
+}
+
+/// Runs each case on `fresh` and on `other` (a warm pool of `pool`, refilled between
+/// cases) and asserts the same outcome, exit, signal, stderr and stdout; for the probe's
+/// report, the same but for the pid, and for what `adjust(other, fresh)` declares may
+/// differ (it edits the reports to compare).
+pub(super) async fn assert_same_as_fresh(
+    fresh: &Server,
+    other: &Server,
+    cases: &[Value],
+    pool: u64,
+    adjust: impl Fn(&mut Value, &mut Value),
+) {
     for (i, case) in cases.iter().enumerate() {
-        let want = post_run(&cold, None, case).await;
-        let got = post_run(&warm, None, case).await;
-        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
+        let want = post_run(fresh, None, case).await;
+        let got = post_run(other, None, case).await;
+        assert_eq!(want.status, 200, "fresh #{i}: {:#}", want.body);
         assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
         for key in ["ok", "outcome", "exit_code", "signal", "stderr"] {
             assert_eq!(
                 got.body[key], want.body[key],
-                "#{i} {key}: warm {:#} cold {:#}",
+                "#{i} {key}: warm {:#} fresh {:#}",
                 got.body, want.body
             );
         }
-        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
-        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
-            Ok(mut cold_probe) if cold_probe.is_object() => {
+        let (out_warm, out_fresh) = (&got.body["stdout"], &want.body["stdout"]);
+        match serde_json::from_str::<Value>(out_fresh.as_str().unwrap_or("")) {
+            Ok(mut fresh_probe) if fresh_probe.is_object() => {
                 let mut warm_probe: Value =
                     serde_json::from_str(out_warm.as_str().unwrap()).unwrap();
-                // The only thing that may differ: the pid in the job's pid namespace (the
-                // warm sandbox's job process is the same one, started earlier).
-                assert!(warm_probe["pid"].is_u64() && cold_probe["pid"].is_u64());
+                assert!(warm_probe["pid"].is_u64() && fresh_probe["pid"].is_u64());
                 warm_probe["pid"] = Value::Null;
-                cold_probe["pid"] = Value::Null;
-                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
+                fresh_probe["pid"] = Value::Null;
+                adjust(&mut warm_probe, &mut fresh_probe);
+                pretty_assertions::assert_eq!(warm_probe, fresh_probe, "#{i}");
             }
-            _ => assert_eq!(out_warm, out_cold, "#{i}"),
+            _ => assert_eq!(out_warm, out_fresh, "#{i}"),
         }
         // A warm job's setup happened before it was delivered.
         assert!(got.body["duration_ms"].as_u64().is_some(), "{:#}", got.body);
-        wait_ready(&warm, POOL).await;
+        wait_ready(other, pool).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
+    require_server!();
+    let cold = server(0);
+    let warm = server(POOL);
+    wait_ready(&warm, POOL).await;
+    let cases = equivalence_cases();
+    // The only thing that may differ: the pid in the job's pid namespace (the warm
+    // sandbox's job process is the same one, started earlier).
+    assert_same_as_fresh(&cold, &warm, &cases, POOL, |_, _| {}).await;
     assert_eq!(hits(&warm).await, cases.len() as u64, "{}", warm.log());
     assert_eq!(
         metric(&warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
@@ -346,7 +369,7 @@ async fn a_dead_warm_sandbox_is_replaced_and_shutdown_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_sandbox_idle_past_its_lifetime_is_replaced() {
     require_server!();
-    let text = "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\nwarm_idle = \"1s\"\n";
+    let text = "version = \"warm-test-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\nwarm_idle = \"1s\"\nzygote = false\n";
     let warm = Server::start(Opts {
         args: ["--policy", "warm.toml"].map(String::from).to_vec(),
         files: vec![("warm.toml".into(), text.to_owned())],
@@ -421,22 +444,10 @@ async fn warm_sandboxes_wait_at_the_lowest_cpu_priority_and_jobs_run_at_normal()
     }
 
     // While the job runs in that sandbox, its group competes as any job's does.
-    let job = tokio::spawn({
-        let url = warm.url("/v1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&python(
-                    "import time\nprint('running', flush=True)\ntime.sleep(2)\n",
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let job = spawn_run(
+        &warm,
+        python("import time\nprint('running', flush=True)\ntime.sleep(2)\n"),
+    );
     let start = Instant::now();
     let mut seen = None;
     while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {

@@ -23,6 +23,32 @@ const FILE_TYPE_MASK: u64 = 0o170000;
 /// The file types a job may `mknod`: a regular file (type 0 or `S_IFREG`), a FIFO and a
 /// unix socket. Devices (`S_IFCHR`, `S_IFBLK`) are on the denylist.
 const MKNOD_FILE_TYPES: [u64; 4] = [0, 0o100000, 0o010000, 0o140000];
+/// `MFD_NOEXEC_SEAL` (Linux 6.3): the memfd is created without execute permission and sealed
+/// so (`F_SEAL_EXEC`), so it can never be made executable.
+const MFD_NOEXEC_SEAL: u64 = 0x8;
+
+/// Which kernel enforces the profile, which decides two rules the policy file cannot say
+/// alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OciRuntime {
+    /// runc or crun: the host's kernel (Docker, Podman, a Kubernetes node).
+    ///
+    /// `clone3` must look unimplemented, so libc falls back to `clone`, whose flags the
+    /// filter can read. `memfd_create` is allowed only with `MFD_NOEXEC_SEAL`: the engines
+    /// refuse the `vm.memfd_noexec` sysctl that makes every memfd non-executable for a
+    /// native job, so here a memfd that could be made executable is refused instead (with
+    /// the profile's default `ENOSYS`, which programs take as "no memfds on this kernel" and
+    /// fall back from). On kernels before 6.3, which lack the flag, no memfd can be made.
+    Runc,
+    /// gVisor's runsc: its own kernel, which answers every `SCMP_ACT_ERRNO` with `EPERM`
+    /// (runsc of 2022 ignores `errnoRet`), on which glibc gives up creating threads instead of
+    /// falling back to `clone`. There `clone3` is allowed: its namespace flags create
+    /// namespaces of gVisor's kernel, never of the host's. `memfd_create` stays as the policy
+    /// says: gVisor's kernel predates `MFD_NOEXEC_SEAL`, so the rule would take memfds away
+    /// without closing what it closes on runc (gVisor also maps `/tmp` files `PROT_EXEC`;
+    /// docs/docker.md).
+    Gvisor,
+}
 
 /// One argument condition as an OCI profile can say it.
 #[derive(Debug, Clone)]
@@ -99,7 +125,7 @@ fn render_args(args: &[OciCondition]) -> Value {
 /// See [`SeccompPolicy::to_oci_profile`].
 pub(super) fn to_oci_profile(
     policy: &SeccompPolicy,
-    allow_clone3: bool,
+    runtime: OciRuntime,
 ) -> Result<String, SeccompError> {
     let allow_filter = policy.filter(FilterName::Allow)?;
     let deny_filter = policy.filter(FilterName::Deny)?;
@@ -130,6 +156,14 @@ pub(super) fn to_oci_profile(
     for rule in &allow {
         let overlapping = denied.contains(rule.syscall);
         match (rule.syscall, overlapping) {
+            // Without the flag: ENOSYS said explicitly, as for clone3 (Docker answers the
+            // default action with EPERM whatever defaultErrnoRet says).
+            ("memfd_create", false) if rule.args.is_empty() && runtime == OciRuntime::Runc => {
+                entries.push(json!({"names": ["memfd_create"], "action": "SCMP_ACT_ALLOW",
+                    "args": render_args(&[OciCondition { index: 1, mask: Some(MFD_NOEXEC_SEAL), value: MFD_NOEXEC_SEAL }])}));
+                entries.push(json!({"names": ["memfd_create"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS,
+                    "args": render_args(&[OciCondition { index: 1, mask: Some(MFD_NOEXEC_SEAL), value: 0 }])}));
+            }
             (_, false) if rule.args.is_empty() => unconditional.push(rule.syscall),
             (_, false) => entries.push(json!({"names": [rule.syscall], "action": "SCMP_ACT_ALLOW", "args": render_args(&rule.args)})),
             // clone: allowed only without any namespace flag the denylist names.
@@ -200,7 +234,7 @@ pub(super) fn to_oci_profile(
     // clone3 must look unimplemented, so libc falls back to clone (whose flags the filter
     // can read). Docker 20.10 ignores defaultErrnoRet and would answer EPERM, on which
     // glibc gives up creating threads.
-    if allow_clone3 {
+    if runtime == OciRuntime::Gvisor {
         syscalls.push(json!({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}));
     } else if !allow.iter().any(|r| r.syscall == "clone3") {
         syscalls.push(
@@ -227,16 +261,16 @@ mod tests {
     use super::super::BUILTIN_POLICY_JSON;
     use super::*;
 
-    fn profile_of(json: &str, allow_clone3: bool) -> Value {
+    fn profile_of(json: &str, runtime: OciRuntime) -> Value {
         let text = SeccompPolicy::parse(json)
             .unwrap()
-            .to_oci_profile(allow_clone3)
+            .to_oci_profile(runtime)
             .unwrap();
         serde_json::from_str(&text).unwrap()
     }
 
     fn profile() -> Value {
-        profile_of(BUILTIN_POLICY_JSON, false)
+        profile_of(BUILTIN_POLICY_JSON, OciRuntime::Runc)
     }
 
     fn actions_for(profile: &Value, name: &str) -> Vec<Value> {
@@ -257,9 +291,9 @@ mod tests {
     }
 
     #[test]
-    fn gvisor_differs_only_in_clone3() {
+    fn gvisor_differs_only_in_clone3_and_memfd_create() {
         let mut docker = profile();
-        let mut gvisor = profile_of(BUILTIN_POLICY_JSON, true);
+        let mut gvisor = profile_of(BUILTIN_POLICY_JSON, OciRuntime::Gvisor);
         let take_clone3 = |p: &mut Value| {
             let syscalls = p["syscalls"].as_array_mut().unwrap();
             let at = syscalls
@@ -276,6 +310,26 @@ mod tests {
             take_clone3(&mut gvisor),
             json!({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"})
         );
+        // runc: memfd_create only with MFD_NOEXEC_SEAL; gVisor: in the unconditional list.
+        let syscalls = docker["syscalls"].as_array_mut().unwrap();
+        let memfd: Vec<Value> = syscalls
+            .iter()
+            .filter(|e| e["names"] == json!(["memfd_create"]))
+            .cloned()
+            .collect();
+        syscalls.retain(|e| e["names"] != json!(["memfd_create"]));
+        assert_eq!(
+            memfd,
+            [
+                json!({"names": ["memfd_create"], "action": "SCMP_ACT_ALLOW", "args": [
+                    {"index": 1, "value": 8, "valueTwo": 8, "op": "SCMP_CMP_MASKED_EQ"}]}),
+                json!({"names": ["memfd_create"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38, "args": [
+                    {"index": 1, "value": 8, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]})
+            ]
+        );
+        let names = gvisor["syscalls"][0]["names"].as_array_mut().unwrap();
+        let at = names.iter().position(|n| n == "memfd_create").unwrap();
+        names.remove(at);
         assert_eq!(docker, gvisor);
     }
 
@@ -414,7 +468,7 @@ mod tests {
     fn an_unknown_overlap_is_refused() {
         let policy = SeccompPolicy::parse(OVERLAPPING).unwrap();
         assert!(matches!(
-            policy.to_oci_profile(false),
+            policy.to_oci_profile(OciRuntime::Runc),
             Err(SeccompError::OciOverlap { syscall }) if syscall == "read"
         ));
     }
@@ -431,7 +485,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(
-            policy.to_oci_profile(false),
+            policy.to_oci_profile(OciRuntime::Runc),
             Err(SeccompError::OciUnsupported { syscall }) if syscall == "write"
         ));
     }
@@ -441,7 +495,7 @@ mod tests {
         let policy =
             SeccompPolicy::parse(&OVERLAPPING.replace(r#"{"errno": 1}"#, r#""trap""#)).unwrap();
         assert!(matches!(
-            policy.to_oci_profile(false),
+            policy.to_oci_profile(OciRuntime::Runc),
             Err(SeccompError::OciShape {
                 name: FilterName::Deny
             })

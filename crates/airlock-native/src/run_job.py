@@ -1,0 +1,100 @@
+def _airlock_run(forked=False):
+    import os, sys
+    # A forked job's own modules are those it imports (taken before it arrives).
+    before = frozenset(sys.modules) if forked else None
+    chunks = []
+    while True:
+        chunk = os.read(6, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(6)
+    message = b"".join(chunks)
+    if not message:
+        os._exit(0)
+    argv = [os.fsdecode(a) for a in message.split(b"\0")]
+    path = argv[0]
+    sys.argv = argv
+    sys.orig_argv = sys.orig_argv[:-2] + argv
+    import __main__
+    SourceFileLoader = sys.modules["_frozen_importlib_external"].SourceFileLoader
+    namespace = __main__.__dict__
+    builtins = namespace["__builtins__"]
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None,
+                     __loader__=SourceFileLoader("__main__", path), __spec__=None,
+                     __annotations__={}, __builtins__=builtins, __file__=path,
+                     __cached__=None)
+    del builtins, chunks, chunk, message, argv, __main__, SourceFileLoader
+    interrupted = False
+    try:
+        try:
+            with open(path, "rb") as source:
+                code = compile(source.read(), path, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            e.__traceback__ = None
+            sys.excepthook(type(e), e, None)
+            sys.exit(1)
+        try:
+            exec(code, namespace)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            e.__traceback__ = e.__traceback__.tb_next
+            sys.excepthook(type(e), e, e.__traceback__)
+            sys.exit(1)
+    except SystemExit as e:
+        if not forked:
+            raise
+        code = e.code
+        if code is None:
+            status = 0
+        elif isinstance(code, int):
+            status = code
+        else:
+            sys.stderr.write(str(code) + "\n")
+            status = 1
+        del e
+    else:
+        if not forked:
+            return
+        status = 0
+    # A zygote's child ends as interpreter shutdown would for the job (its non-daemon
+    # threads joined, atexit callbacks, standard streams flushed, its own objects released
+    # and collected, so that its files are flushed and closed), without tearing down the
+    # interpreter's and the preloaded modules' objects, which it shares with the zygote:
+    # that would copy every page of them first (docs/speed.md).
+    import atexit, gc
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException as e:
+            sys.excepthook(type(e), e, e.__traceback__)
+        del threading
+    atexit._run_exitfuncs()
+    def flush():
+        flushed = True
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except BaseException:
+                flushed = False
+        return flushed
+    flushed = flush()
+    if gc.isenabled():
+        gc.collect()
+    namespace.clear()
+    for name in [name for name in sys.modules if name not in before]:
+        del sys.modules[name]
+    del code, namespace
+    gc.collect()
+    flushed = flush() and flushed
+    if interrupted:
+        # As CPython ends on an unhandled KeyboardInterrupt: killed by SIGINT.
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status if flushed else 120)
