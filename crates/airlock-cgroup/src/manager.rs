@@ -79,6 +79,13 @@ impl GroupDir {
     fn procs_file(&self) -> PathBuf {
         self.dir.join("cgroup.procs")
     }
+
+    fn join_file(&self) -> PathBuf {
+        match self.key {
+            HierarchyKey::V1(_) => self.dir.join("tasks"),
+            HierarchyKey::Unified => self.procs_file(),
+        }
+    }
 }
 
 /// Turns a [`ParentSpec::Path`] into a plain relative path (no `..`, not empty).
@@ -346,10 +353,25 @@ impl JobCgroup {
         self.dirs.iter().map(|d| d.dir.clone()).collect()
     }
 
-    /// The `cgroup.procs` file of every hierarchy the job must join: the sandbox helper writes
-    /// `0` to each before it unshares.
+    /// The `cgroup.procs` file of every hierarchy of the group: the processes in it.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(GroupDir::procs_file).collect()
+    }
+
+    /// The files through which a single-threaded process joins the group by writing `0` to
+    /// each (the sandbox helper does, before it unshares): each v1 hierarchy's `tasks`, or
+    /// v2's `cgroup.procs`.
+    ///
+    /// Why `tasks` on v1: writing a pid to `cgroup.procs` moves a whole thread group under
+    /// the kernel's global `cgroup_threadgroup_rwsem` taken for writing, which first waits
+    /// for an RCU grace period (about 10 ms on an idle host, the largest single cost of a
+    /// cold job); writing `0` to `tasks` moves only the calling thread, which the kernel does
+    /// without that lock (`cgroup_procs_write_start`, since Linux 5.5; older kernels take it
+    /// either way). For a process with one thread the two moves are the same, so only a
+    /// single-threaded process may use these files. v2 has no such file for a domain group;
+    /// there the helper is created inside its group instead (`clone3(CLONE_INTO_CGROUP)`).
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(GroupDir::join_file).collect()
     }
 
     /// Kills every process in the group: `cgroup.kill` on v2 when the kernel has it (5.14+),
