@@ -283,6 +283,53 @@ impl CgroupManager {
         job.remove()
     }
 
+    /// Removes the group `name`, found under the parent(s) with no job of this supervisor
+    /// behind it, only if it cannot be another supervisor's: no process in it and created at
+    /// least `min_age` ago. Two airlocks with different runtime directories may share one
+    /// cgroup parent, and a live job's group holds its processes from a moment after it is
+    /// made until its removal, so such a group is never killed. Returns whether it was
+    /// removed (or gone already).
+    pub fn remove_orphaned_group(
+        &self,
+        name: &str,
+        min_age: Duration,
+    ) -> Result<bool, CgroupError> {
+        validate_name(name)?;
+        let dirs: Vec<GroupDir> = self
+            .parents
+            .iter()
+            .map(|parent| parent.child(name))
+            .filter(|dir| dir.dir.is_dir())
+            .collect();
+        for dir in &dirs {
+            let young = std::fs::metadata(&dir.dir)
+                .and_then(|m| m.modified())
+                .map(|at| at.elapsed().map_or(true, |age| age < min_age))
+                .unwrap_or(true);
+            if young || crate::kill::count_members(std::slice::from_ref(dir))? > 0 {
+                return Ok(false);
+            }
+        }
+        for dir in &dirs {
+            match std::fs::remove_dir(&dir.dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                // A process joined (or a child group was made) since it was read: in use.
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+                    return Ok(false);
+                }
+                Err(source) => {
+                    return Err(CgroupError::RemoveDir {
+                        path: dir.dir.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        tracing::info!(job = name, "removed an empty orphaned job cgroup");
+        Ok(true)
+    }
+
     /// Names of the child groups under the parent(s), sorted: after every job is removed this
     /// is empty.
     pub fn job_groups(&self) -> Result<Vec<String>, CgroupError> {

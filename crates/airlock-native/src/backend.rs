@@ -1145,6 +1145,10 @@ fn open_cgroups(config: &NativeConfig) -> Result<CgroupManager, String> {
     CgroupManager::new(hierarchy, parent).map_err(|e| e.to_string())
 }
 
+/// How old an empty job cgroup with no job directory here must be before a sweep removes it:
+/// a group another supervisor made a moment ago is empty until its helper joins it.
+const ORPHANED_GROUP_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Removes what jobs of a crashed supervisor left behind: their cgroups (killing what
 /// still runs there) and their directories. A live job's directory is locked by its
 /// supervisor and exists for as long as its cgroup does, so neither is ever touched.
@@ -1185,9 +1189,17 @@ fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: Option<&CgroupManager>) {
     };
     let live: std::collections::BTreeSet<String> =
         runtime.job_dirs().unwrap_or_default().into_iter().collect();
+    // Such a group may also be a live job of another airlock with another runtime directory
+    // under the same cgroup parent: it is removed only when empty and old, never killed.
     for name in groups.iter().filter(|g| !live.contains(*g)) {
-        if let Err(e) = cgroups.remove_stale_job(name) {
-            tracing::warn!(job = %name, error = %e, "cannot remove an orphaned job cgroup");
+        match cgroups.remove_orphaned_group(name, ORPHANED_GROUP_MIN_AGE) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(job = %name, "a job cgroup of no job here is in use or new: left")
+            }
+            Err(e) => {
+                tracing::warn!(job = %name, error = %e, "cannot remove an orphaned job cgroup");
+            }
         }
     }
 }
