@@ -239,6 +239,28 @@ def cold_start(airlock, policy, work, name):
     return times
 
 
+def observation_then_exit(airlock, policy, work, runs):
+    """`airlock run --json` on the `sum` job: when its stdout ends (the observation is
+    complete; the sandbox's removal runs after it) and when the process exits, per run."""
+    read, exited = [], []
+    env = dict(os.environ, AIRLOCK_LOG="error", AIRLOCK_STATE_DIR=os.path.join(work, "state-obs"))
+    for i in range(runs + 3):
+        started = time.monotonic()
+        proc = subprocess.Popen([airlock, "run", "--json", "--policy", policy,
+                                 os.path.join(work, "sum.py")],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        out = proc.stdout.read()
+        got = time.monotonic()
+        proc.wait()
+        done = time.monotonic()
+        if json.loads(out)["stdout"] != "45\n":
+            raise SystemExit(f"observation: {out!r}")
+        if i >= 3:
+            read.append(got - started)
+            exited.append(done - started)
+    return read, exited
+
+
 def start_server(airlock, policy, work, name, backend="native"):
     env = dict(os.environ, AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"), AIRLOCK_LOG="warn")
     proc = subprocess.Popen(
@@ -515,6 +537,11 @@ def main():
         log(f"== cold start: {name}, {COLD_RUNS} runs, each with an empty cache directory")
         cold[name] = cold_start(airlock, policy, work, name)
 
+    observation = None
+    if "airlock native" not in {c.name for c in contenders if c.missing}:
+        log(f"== the observation before the removal: airlock native, {args.runs} runs")
+        observation = observation_then_exit(airlock, policy_plain, work, args.runs)
+
     servers = []
     memory = {}
     pool_totals = {}
@@ -692,6 +719,16 @@ def main():
                 if (warm, job) in lat and (rival, job) in lat:
                     ratio = statistics.median(lat[(warm, job)]) / statistics.median(lat[(rival, job)])
                     print(f"- `{job}`: {warm} median / {rival} median = {ratio:.2f} (issue 18's target: 0.2 or less)")
+        print()
+    if observation:
+        read, exited = observation
+        gap = [e - r for r, e in zip(read, exited)]
+        print("`airlock run --json`, job `sum`: when the observation is read (stdout ends once it "
+              "is printed) and when the process exits (after the sandbox's removal), median of "
+              f"{len(read)}\n")
+        print("| contender | observation ms | exit ms | exit − observation ms |\n|:---|---:|---:|---:|")
+        print(f"| airlock native | {statistics.median(read) * 1000:.1f} | "
+              f"{statistics.median(exited) * 1000:.1f} | {statistics.median(gap) * 1000:.1f} |")
         print()
     skipped = [c for c in contenders if c.missing]
     if skipped:

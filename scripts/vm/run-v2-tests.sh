@@ -33,6 +33,8 @@ cli_tests=(
   suite::probe::probe_sees_a_locked_down_sandbox
   suite::basics::readme_hello_job_prints_45
   suite::basics::on_cgroup_v2_the_sandbox_is_created_inside_its_cgroup
+  suite::cold::the_sandbox_is_built_by_the_static_init_from_a_memfd_all_of_it_in_the_job_cgroup
+  suite::cold::the_observation_is_printed_before_the_sandbox_is_removed_and_the_removal_still_ends
   suite::zygote::a_forked_job_is_held_by_its_own_cgroup
   suite::zygote::a_forked_job_runs_locked_down_in_namespaces_of_its_own
 )

@@ -5,7 +5,7 @@
 //! creating one group per job with its memory (no swap), CPU quota and PIDs limits, killing
 //! every process in it, reading its statistics and removing it ([`JobCgroup`]). It must not
 //! spawn or join job processes itself (the sandbox helper writes to
-//! [`JobCgroup::procs_files`]), must never signal a process that is not verifiably in the job's
+//! [`JobCgroup::join_files`]), must never signal a process that is not verifiably in the job's
 //! group, and must not hard-code where cgroupfs is mounted outside [`Hierarchy::detect`]: every
 //! other function takes its paths from a [`Hierarchy`], so all of it runs on a fake tree too.
 //! No `unsafe`: pidfds come from rustix.

@@ -79,6 +79,13 @@ impl GroupDir {
     fn procs_file(&self) -> PathBuf {
         self.dir.join("cgroup.procs")
     }
+
+    fn join_file(&self) -> PathBuf {
+        match self.key {
+            HierarchyKey::V1(_) => self.dir.join("tasks"),
+            HierarchyKey::Unified => self.procs_file(),
+        }
+    }
 }
 
 /// Turns a [`ParentSpec::Path`] into a plain relative path (no `..`, not empty).
@@ -276,6 +283,53 @@ impl CgroupManager {
         job.remove()
     }
 
+    /// Removes the group `name`, found under the parent(s) with no job of this supervisor
+    /// behind it, only if it cannot be another supervisor's: no process in it and created at
+    /// least `min_age` ago. Two airlocks with different runtime directories may share one
+    /// cgroup parent, and a live job's group holds its processes from a moment after it is
+    /// made until its removal, so such a group is never killed. Returns whether it was
+    /// removed (or gone already).
+    pub fn remove_orphaned_group(
+        &self,
+        name: &str,
+        min_age: Duration,
+    ) -> Result<bool, CgroupError> {
+        validate_name(name)?;
+        let dirs: Vec<GroupDir> = self
+            .parents
+            .iter()
+            .map(|parent| parent.child(name))
+            .filter(|dir| dir.dir.is_dir())
+            .collect();
+        for dir in &dirs {
+            let young = std::fs::metadata(&dir.dir)
+                .and_then(|m| m.modified())
+                .map(|at| at.elapsed().map_or(true, |age| age < min_age))
+                .unwrap_or(true);
+            if young || crate::kill::count_members(std::slice::from_ref(dir))? > 0 {
+                return Ok(false);
+            }
+        }
+        for dir in &dirs {
+            match std::fs::remove_dir(&dir.dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                // A process joined (or a child group was made) since it was read: in use.
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+                    return Ok(false);
+                }
+                Err(source) => {
+                    return Err(CgroupError::RemoveDir {
+                        path: dir.dir.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        tracing::info!(job = name, "removed an empty orphaned job cgroup");
+        Ok(true)
+    }
+
     /// Names of the child groups under the parent(s), sorted: after every job is removed this
     /// is empty.
     pub fn job_groups(&self) -> Result<Vec<String>, CgroupError> {
@@ -346,10 +400,25 @@ impl JobCgroup {
         self.dirs.iter().map(|d| d.dir.clone()).collect()
     }
 
-    /// The `cgroup.procs` file of every hierarchy the job must join: the sandbox helper writes
-    /// `0` to each before it unshares.
+    /// The `cgroup.procs` file of every hierarchy of the group: the processes in it.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(GroupDir::procs_file).collect()
+    }
+
+    /// The files through which a single-threaded process joins the group by writing `0` to
+    /// each (the sandbox helper does, before it unshares): each v1 hierarchy's `tasks`, or
+    /// v2's `cgroup.procs`.
+    ///
+    /// Why `tasks` on v1: writing a pid to `cgroup.procs` moves a whole thread group under
+    /// the kernel's global `cgroup_threadgroup_rwsem` taken for writing, which first waits
+    /// for an RCU grace period (about 10 ms on an idle host, the largest single cost of a
+    /// cold job); writing `0` to `tasks` moves only the calling thread, which the kernel does
+    /// without that lock (`cgroup_procs_write_start`, since Linux 5.5; older kernels take it
+    /// either way). For a process with one thread the two moves are the same, so only a
+    /// single-threaded process may use these files. v2 has no such file for a domain group;
+    /// there the helper is created inside its group instead (`clone3(CLONE_INTO_CGROUP)`).
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(GroupDir::join_file).collect()
     }
 
     /// Kills every process in the group: `cgroup.kill` on v2 when the kernel has it (5.14+),

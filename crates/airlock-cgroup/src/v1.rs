@@ -229,6 +229,11 @@ mod tests {
                 pids.join("cgroup.procs"),
             ]
         );
+        // The helper joins through `tasks` (one thread, no global lock).
+        assert_eq!(
+            job.join_files(),
+            vec![mem.join("tasks"), cpu.join("tasks"), pids.join("tasks")]
+        );
         assert_eq!(m.job_groups()?, vec!["job-1".to_owned()]);
         // What /proc/<pid>/cgroup shows for members, per hierarchy.
         let shown: Vec<_> = job

@@ -352,6 +352,7 @@ mod tests {
         assert_eq!(read(&dir.join("cpu.weight")), "100");
         assert_eq!(read(&dir.join("cpu.idle")), "0");
         assert_eq!(job.procs_files(), vec![dir.join("cgroup.procs")]);
+        assert_eq!(job.join_files(), vec![dir.join("cgroup.procs")]);
         assert_eq!(job.dirs()[0].hierarchy_path, "/airlock/job_7");
         assert_eq!(m.job_groups()?, vec!["job_7".to_owned()]);
         std::mem::forget(job);

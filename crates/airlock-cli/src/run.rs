@@ -132,22 +132,54 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
     };
     let out_dir = args.out.clone();
-    let mut result = runtime.block_on(run_async(args));
-    // The files go to DIR before the observation is printed, so a failure to write them
-    // is in the observation rather than after an `ok: true` the caller already read.
-    if let Some(dir) = out_dir
-        && let Err(e) = airlock_engine::out_dir::write_released(&dir, &result.files)
-    {
-        let message = format!("--out {}: {}", dir.display(), error_chain(&e));
-        let observation = &mut result.observation;
-        observation.ok = false;
-        observation.outcome = Outcome::Error;
-        observation.error = Some(ErrorInfo {
-            kind: ErrorKind::Internal,
-            message,
-        });
+    runtime.block_on(async move {
+        let (mut result, removal) = run_async(args).await;
+        // The files go to DIR before the observation is printed, so a failure to write them
+        // is in the observation rather than after an `ok: true` the caller already read.
+        if let Some(dir) = out_dir
+            && let Err(e) = airlock_engine::out_dir::write_released(&dir, &result.files)
+        {
+            let message = format!("--out {}: {}", dir.display(), error_chain(&e));
+            let observation = &mut result.observation;
+            observation.ok = false;
+            observation.outcome = Outcome::Error;
+            observation.error = Some(ErrorInfo {
+                kind: ErrorKind::Internal,
+                message,
+            });
+        }
+        let code = finish(json, &result.observation);
+        // The observation is complete once the job's processes are gone; removing its
+        // sandbox (cgroup, mounts, job directory, container) need not delay it. Stdout is
+        // let go of too, so a caller reading it to the end has the observation now. The
+        // removal still ends before airlock exits; if airlock is killed meanwhile, the next
+        // start sweeps what is left (docs/speed.md).
+        release_stdout();
+        removal.await;
+        code
+    })
+}
+
+/// Work left after the observation is printed: the removal of the job's sandbox.
+type Removal = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+/// A job that never reached a backend: its observation, and no sandbox to remove.
+fn without_sandbox(observation: Observation) -> (airlock_core::JobResult, Removal) {
+    let result = airlock_core::JobResult {
+        observation,
+        files: Vec::new(),
+        connections: Vec::new(),
+    };
+    (result, Box::pin(std::future::ready(())))
+}
+
+/// Points stdout at `/dev/null`, so whoever reads it sees its end, while airlock goes on
+/// removing the sandbox (whose warnings, if any, still go to stderr).
+fn release_stdout() {
+    let _ = std::io::stdout().lock().flush();
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = rustix::stdio::dup2_stdout(&null);
     }
-    finish(json, &result.observation)
 }
 
 fn finish(json: bool, observation: &Observation) -> ExitCode {
@@ -214,12 +246,8 @@ fn refuse(kind: ErrorKind, message: impl Into<String>, version: &str) -> Observa
     airlock_engine::early_error(kind, message, version)
 }
 
-async fn run_async(args: RunArgs) -> airlock_core::JobResult {
-    let result = |observation| airlock_core::JobResult {
-        observation,
-        files: Vec::new(),
-        connections: Vec::new(),
-    };
+async fn run_async(args: RunArgs) -> (airlock_core::JobResult, Removal) {
+    let result = without_sandbox;
     let loaded = match &args.policy {
         Some(path) => match LoadedPolicy::from_file(path) {
             Ok(p) => p,
@@ -267,19 +295,27 @@ async fn run_async(args: RunArgs) -> airlock_core::JobResult {
         Err(e) => return result(refuse(ErrorKind::Internal, error_chain(&e), &version)),
     };
     let inline_cap = loaded.policy.filesystem.out.inline_bytes.as_u64();
-    let mut result = if args.warm {
+    let (mut result, removal) = if args.warm {
         run_warm(request, backend_kind, loaded, audit).await
     } else {
         tracing::debug!("opening the backend");
         let backend = airlock_engine::backends::open(backend_kind, &loaded);
         tracing::debug!("backend open");
         let engine = Engine::new(loaded.policy, backend_kind, backend, audit);
-        engine.run_until(request, None, interrupted(), None).await
+        let (result, teardown) = engine
+            .run_detached(request, None, interrupted(), None)
+            .await;
+        let removal: Removal = Box::pin(async move {
+            teardown.wait().await;
+            tracing::debug!("sandbox removed; exiting");
+            drop(engine);
+        });
+        (result, removal)
     };
     if args.return_files {
         result.inline_files(inline_cap);
     }
-    result
+    (result, removal)
 }
 
 /// `--warm`: a warm sandbox built for this very job, started and waited for, then the job
@@ -289,13 +325,9 @@ async fn run_warm(
     backend_kind: BackendKind,
     loaded: LoadedPolicy,
     audit: AuditLog,
-) -> airlock_core::JobResult {
+) -> (airlock_core::JobResult, Removal) {
     let version = loaded.policy.version.clone();
-    let result = |observation| airlock_core::JobResult {
-        observation,
-        files: Vec::new(),
-        connections: Vec::new(),
-    };
+    let result = without_sandbox;
     if backend_kind == BackendKind::Kube {
         return result(refuse(
             ErrorKind::InvalidInput,
@@ -333,7 +365,9 @@ async fn run_warm(
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    let outcome = engine.run_until(request, None, interrupted(), None).await;
+    let (outcome, teardown) = engine
+        .run_detached(request, None, interrupted(), None)
+        .await;
     if let Some(stats) = engine.warm_pool() {
         if stats.forked_hits == 1 {
             eprintln!("airlock: --warm: the job ran in a sandbox forked from a zygote");
@@ -343,8 +377,11 @@ async fn run_warm(
             eprintln!("airlock: --warm: the job ran in a fresh sandbox");
         }
     }
-    engine.shutdown().await;
-    outcome
+    let removal: Removal = Box::pin(async move {
+        teardown.wait().await;
+        engine.shutdown().await;
+    });
+    (outcome, removal)
 }
 
 /// How long `--warm` waits for its sandbox to start.

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 
 use crate::error::NativeError;
 use crate::helper::{Helper, HelperCommand, HelperInput, HelperOutput, Placement, Started};
+use crate::init_program::InitProgram;
 use crate::minimal_root::{MinimalRoot, MinimalRootSpec, ProgramState};
 use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
 use crate::plan::{
@@ -91,7 +92,8 @@ pub const CPU_RLIMIT_SLACK_SECS: u64 = 2;
 /// How the native backend is set up.
 #[derive(Debug, Clone)]
 pub struct NativeConfig {
-    /// The airlock binary, re-executed as the sandbox init.
+    /// The airlock binary, re-executed as the sandbox init where the kernel refuses to
+    /// execute the small init it carries from a memfd (`init_program.rs`).
     pub helper: PathBuf,
     /// Where job directories are created.
     pub runtime_dir: PathBuf,
@@ -138,6 +140,8 @@ pub struct NativeBackend {
     host_layout: RootfsLayout,
     /// The minimal host root, prepared on the first `rootfs = "host"` job.
     minimal: MinimalRoot,
+    /// What the helper is executed from.
+    init: InitProgram,
 }
 
 impl std::fmt::Debug for NativeBackend {
@@ -219,8 +223,10 @@ impl NativeBackend {
         })?;
         sweep_stale_jobs(&runtime, cgroups.as_ref());
         let minimal = MinimalRoot::new(config.minimal_root.clone(), config.cache_dir.clone());
+        let init = InitProgram::new(config.helper.clone());
         Ok(Self {
             minimal,
+            init,
             config,
             runtime,
             cgroups,
@@ -423,7 +429,7 @@ impl NativeBackend {
         Ok(SandboxPlan {
             job_id: job.id.to_string(),
             supervisor_pid: rustix::process::getpid().as_raw_nonzero().get(),
-            cgroup_procs: cgroup.map(JobCgroup::procs_files).unwrap_or_default(),
+            cgroup_join: cgroup.map(JobCgroup::join_files).unwrap_or_default(),
             ids: self.ids,
             namespace_owner: self.ids.namespace_owner(next_owner_slot()),
             user_namespace_limits: USER_NAMESPACE_LIMITS
@@ -656,35 +662,49 @@ impl NativeBackend {
         }
         // On cgroup v2 the helper is created inside the job's group (one cgroup.procs file,
         // whose directory is the group); it then has nothing to join.
-        let cgroup_v2_dir = match (&self.cgroups, plan.cgroup_procs.as_slice()) {
+        let cgroup_v2_dir = match (&self.cgroups, plan.cgroup_join.as_slice()) {
             (Some(manager), [procs]) if manager.version() == CgroupVersion::V2 => procs.parent(),
             _ => None,
         };
-        let command = HelperCommand {
-            program: &self.config.helper,
+        let mut command = HelperCommand {
+            program: self.init.program(),
             args: &[INIT_ARG],
             stdin_piped,
             fds: &fds,
         };
+        let started = match Helper::start(&command, cgroup_v2_dir) {
+            Err(refused) if self.init.is_memfd(command.program) => {
+                // The memfd could not be executed here: the airlock binary, which holds
+                // the same init, then serves; if it does, later helpers start from it.
+                command.program = self.init.airlock();
+                let started = Helper::start(&command, cgroup_v2_dir);
+                if started.is_ok() {
+                    self.init.refuse_memfd(&refused);
+                }
+                started
+            }
+            other => other,
+        };
+        let program = command.program.to_owned();
         let Started {
             helper: mut child,
             stdin,
             stdout,
             stderr,
-        } = Helper::start(&command, cgroup_v2_dir).map_err(|source| NativeError::SpawnHelper {
-            path: self.config.helper.clone(),
+        } = started.map_err(|source| NativeError::SpawnHelper {
+            path: program.clone(),
             source,
         })?;
         drop(plan_read);
         drop(status_write);
         let control = control.map(|(_theirs, ours)| ours);
-        tracing::debug!(sandbox = %label, placement = ?child.placement, "helper spawned");
+        tracing::debug!(sandbox = %label, placement = ?child.placement, program = %program.display(), "helper spawned");
         let handoff = handoff.map(|(ours, _theirs)| ours);
 
         let plan_json = match child.placement {
             Placement::Born => {
                 let mut born = plan.clone();
-                born.cgroup_procs.clear();
+                born.cgroup_join.clear();
                 serde_json::to_vec(&born)
             }
             Placement::Joins => serde_json::to_vec(plan),
@@ -1125,6 +1145,10 @@ fn open_cgroups(config: &NativeConfig) -> Result<CgroupManager, String> {
     CgroupManager::new(hierarchy, parent).map_err(|e| e.to_string())
 }
 
+/// How old an empty job cgroup with no job directory here must be before a sweep removes it:
+/// a group another supervisor made a moment ago is empty until its helper joins it.
+const ORPHANED_GROUP_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Removes what jobs of a crashed supervisor left behind: their cgroups (killing what
 /// still runs there) and their directories. A live job's directory is locked by its
 /// supervisor and exists for as long as its cgroup does, so neither is ever touched.
@@ -1165,9 +1189,17 @@ fn sweep_stale_jobs(runtime: &RuntimeDir, cgroups: Option<&CgroupManager>) {
     };
     let live: std::collections::BTreeSet<String> =
         runtime.job_dirs().unwrap_or_default().into_iter().collect();
+    // Such a group may also be a live job of another airlock with another runtime directory
+    // under the same cgroup parent: it is removed only when empty and old, never killed.
     for name in groups.iter().filter(|g| !live.contains(*g)) {
-        if let Err(e) = cgroups.remove_stale_job(name) {
-            tracing::warn!(job = %name, error = %e, "cannot remove an orphaned job cgroup");
+        match cgroups.remove_orphaned_group(name, ORPHANED_GROUP_MIN_AGE) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(job = %name, "a job cgroup of no job here is in use or new: left")
+            }
+            Err(e) => {
+                tracing::warn!(job = %name, error = %e, "cannot remove an orphaned job cgroup");
+            }
         }
     }
 }

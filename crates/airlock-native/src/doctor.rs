@@ -76,6 +76,7 @@ pub fn diagnose(policy: &Policy) -> DoctorReport {
     report.push(per_user_budget_check(root));
     report.push(oom_score_check());
     report.push(memfd_exec_check(root));
+    report.push(sandbox_init_check());
 
     let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     match nofile.maximum {
@@ -346,6 +347,16 @@ fn memfd_exec_check(root: bool) -> Check {
             fix,
         ),
     }
+}
+
+/// Which executable builds each sandbox: the small static init from a memfd, or airlock
+/// itself where memfds cannot be executed (slower; the same sandbox either way).
+fn sandbox_init_check() -> Check {
+    let airlock = crate::backend::current_exe().unwrap_or_else(|_| "airlock".into());
+    Check::ok(
+        "sandbox init",
+        crate::init_program::InitProgram::new(airlock).describe(),
+    )
 }
 
 /// Whether the job's OOM score can be pinned (its minimum set, not only its value).

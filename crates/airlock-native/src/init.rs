@@ -113,6 +113,9 @@ fn report(status: &OwnedFd, event: &InitEvent) {
 
 /// Entry point of `airlock __airlock-init`. Must run before any thread or runtime starts.
 pub fn main() -> ! {
+    // Its name is `init`, as its argv[0] is: executed from a memfd it would otherwise be
+    // the descriptor's number, and the airlock binary's name before that.
+    let _ = rustix::thread::set_name(c"init");
     let status = match process::claim_inherited_fd(STATUS_FD) {
         Ok(fd) => fd,
         Err(_) => process::exit_now(2),
@@ -157,9 +160,23 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     arm_death_signal(&plan)?;
 
     // 1. Join the job's cgroup before anything else, so every later process is counted
-    //    and the cgroup namespace below is rooted at the job's group.
-    for procs in &plan.cgroup_procs {
-        fs::write(procs, "0").step(|| format!("join cgroup {}", procs.display()))?;
+    //    and the cgroup namespace below is rooted at the job's group. On v1 the files are
+    //    `tasks`, which move the calling thread alone: the whole process only while it has
+    //    one thread, which a fresh exec that started none has (checked, not assumed).
+    if !plan.cgroup_join.is_empty() {
+        match process::thread_count() {
+            Ok(1) => {}
+            Ok(n) => {
+                return Err(StepFailure::new(
+                    "join cgroup",
+                    &io::Error::other(format!("the helper has {n} threads, not one")),
+                ));
+            }
+            Err(e) => return Err(StepFailure::new("join cgroup: count threads", &e)),
+        }
+    }
+    for file in &plan.cgroup_join {
+        fs::write(file, "0").step(|| format!("join cgroup {}", file.display()))?;
     }
 
     // 1b. A zygote's template: the rlimit-counted budgets' ceilings its children share,

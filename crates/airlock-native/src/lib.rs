@@ -1,7 +1,8 @@
 //! airlock-native: the native Linux backend. The supervisor side (spawning the sandbox,
 //! cgroup limits, wall-time kill, bounded capture, teardown) runs inside the async
 //! executor; the sandbox side (namespaces, mounts, privilege drop, seccomp, exec) runs in a
-//! freshly executed single-threaded helper ([`init::main`]), never in the async process.
+//! freshly executed single-threaded helper ([`init::main`], built also as a small static
+//! executable carried inside airlock: `init_program.rs`), never in the async process.
 //! Every `unsafe` operation goes through airlock-sys.
 #![forbid(unsafe_code)]
 
@@ -12,6 +13,7 @@ mod error;
 mod handoff;
 mod helper;
 pub mod init;
+mod init_program;
 pub mod minimal_root;
 mod mount_plan;
 pub mod plan;

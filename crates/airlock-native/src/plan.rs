@@ -245,8 +245,9 @@ pub struct SandboxPlan {
     /// The supervisor's pid: the helper dies with it (parent-death signal) and checks it is
     /// still its parent after arming that signal.
     pub supervisor_pid: i32,
-    /// `cgroup.procs` files the helper writes itself into before anything else.
-    pub cgroup_procs: Vec<PathBuf>,
+    /// The files the helper writes `0` to before anything else, to join the job's cgroup
+    /// (v1: each hierarchy's `tasks`, v2: `cgroup.procs`; [`airlock_cgroup::JobCgroup::join_files`]).
+    pub cgroup_join: Vec<PathBuf>,
     /// The id mapping.
     pub ids: IdMapping,
     /// The host uid and gid the helper switches to before it creates the user namespace,

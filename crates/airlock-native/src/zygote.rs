@@ -186,7 +186,7 @@ impl ChildPlan {
                 .map(|f| hex::encode(plan.seccomp.program_bytes(*f)))
                 .collect(),
             send_out_dir: plan.send_out_dir,
-            cgroup_procs: plan.cgroup_procs.len(),
+            cgroup_procs: plan.cgroup_join.len(),
         })
     }
 }
@@ -651,7 +651,9 @@ impl Zygote {
     ) -> Result<Launched, NativeError> {
         let spawned_at = Instant::now();
         let procs: Vec<OwnedFd> = cgroup
-            .map(JobCgroup::procs_files)
+            // `tasks` on v1 (one thread, no global lock: the forked leader has one thread),
+            // `cgroup.procs` on v2, as for a helper (docs/speed.md).
+            .map(JobCgroup::join_files)
             .unwrap_or_default()
             .iter()
             .map(|path| {
@@ -660,14 +662,14 @@ impl Zygote {
                     rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
                     rustix::fs::Mode::empty(),
                 )
-                .map_err(|e| zygote_io("open the job cgroup's cgroup.procs", &e.into()))
+                .map_err(|e| zygote_io("open the job cgroup's join file", &e.into()))
             })
             .collect::<Result<_, _>>()?;
         if procs.len() != self.cgroup_procs {
             return Err(NativeError::Zygote {
                 step: "fork",
                 detail: format!(
-                    "the job cgroup has {} cgroup.procs files, the zygote expects {}",
+                    "the job cgroup has {} join files, the zygote expects {}",
                     procs.len(),
                     self.cgroup_procs
                 ),

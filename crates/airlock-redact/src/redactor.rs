@@ -5,12 +5,11 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
-use regex::bytes::Regex;
 
 use crate::error::RedactError;
 use crate::prefilter::Prefilter;
 use crate::rules::{
-    Candidate, EXACT_LABEL, EXTRA_LABEL_PREFIX, Rule, compile_extra, compile_pattern, load_builtin,
+    Candidate, EXACT_LABEL, EXTRA_LABEL_PREFIX, Rule, RuleRegex, compile_extra, load_builtin,
 };
 use crate::span::{apply, resolve};
 use crate::stream::{STREAM_HOLDBACK_BYTES, StreamRedactor};
@@ -89,7 +88,7 @@ pub struct RuleInfo<'a> {
 struct Builtin {
     rules: Vec<Rule>,
     prefilter: Prefilter,
-    marker: Regex,
+    marker: RuleRegex,
     /// Rules whose keywords occur inside some marker: a pass after the first wakes them too.
     marker_wake: Vec<bool>,
 }
@@ -127,14 +126,17 @@ fn builtin_rules() -> Result<Arc<Builtin>, RedactError> {
 
 /// The pattern of a marker this redactor may have written: `[REDACTED:<known label>]`. A
 /// look-alike with an unknown label (say, a token) is not protected from redaction.
-fn marker_pattern<'a>(ids: impl Iterator<Item = &'a str>) -> Result<Regex, RedactError> {
+/// Compiled the first time a text has something to redact.
+fn marker_pattern<'a>(ids: impl Iterator<Item = &'a str>) -> Result<RuleRegex, RedactError> {
     let mut alternatives = vec![
         regex::escape(EXACT_LABEL),
         format!("{}[0-9]{{1,6}}", regex::escape(EXTRA_LABEL_PREFIX)),
     ];
     alternatives.extend(ids.map(regex::escape));
     let pattern = format!(r"\[REDACTED:(?:{})\]", alternatives.join("|"));
-    compile_pattern(&pattern).map_err(|source| RedactError::CompileMarker { source })
+    RuleRegex::parse(&pattern)
+        .map(|(regex, _)| regex)
+        .map_err(|source| RedactError::CompileMarker { source })
 }
 
 /// Replaces secret-shaped strings with `[REDACTED:<rule id>]`.
@@ -148,7 +150,7 @@ pub struct Redactor {
     exact_count: usize,
     /// Builtin rule ids, then `extra-<i>`, then `exact`: indexed by candidate labels.
     labels: Vec<String>,
-    marker: Regex,
+    marker: RuleRegex,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -366,11 +368,17 @@ impl Redactor {
                 }
                 woken_next = Some(woken);
             }
+            // A marker pattern that cannot compile protects no marker: more is redacted.
             let markers: Vec<Range<usize>> = self
                 .marker
-                .find_iter(current.as_bytes())
-                .map(|m| m.range())
-                .collect();
+                .get()
+                .map(|marker| {
+                    marker
+                        .find_iter(current.as_bytes())
+                        .map(|m| m.range())
+                        .collect()
+                })
+                .unwrap_or_default();
             let region = prefix..current.len() - suffix;
             let spans = resolve(current, &candidates, &markers, region);
             if spans.is_empty() {

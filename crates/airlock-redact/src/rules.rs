@@ -1,5 +1,7 @@
 //! Rules as data: the built-in rule files, their format, and compiling one rule.
 
+use std::sync::{Arc, OnceLock};
+
 use regex::bytes::{Regex, RegexBuilder};
 use serde::Deserialize;
 
@@ -60,12 +62,67 @@ struct RuleSpec {
     examples: Vec<String>,
 }
 
-/// A compiled rule.
+/// A rule's regex, compiled the first time it is needed.
+///
+/// Compiling the built-in rules takes about 12 ms of CPU (release build), which every
+/// `airlock run` would pay for output that usually wakes none of them: the prefilter runs a
+/// rule only when one of its keywords is in the text, so a rule is compiled on the first
+/// text that wakes it. Its syntax and groups are checked when the rules load, and a test
+/// compiles every built-in rule, so a failure here would be the size limit on a rule no test
+/// saw; [`Rule::collect`] then fails closed. Clones share the compiled regex.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleRegex {
+    source: Arc<str>,
+    compiled: Arc<OnceLock<Result<Regex, regex::Error>>>,
+}
+
+impl RuleRegex {
+    /// Checks `source`'s syntax as the regex crate will read it, without compiling it, and
+    /// returns the regex and its number of capture groups (the whole match included).
+    pub(crate) fn parse(source: &str) -> Result<(Self, usize), regex::Error> {
+        let hir = regex_syntax::ParserBuilder::new()
+            .unicode(false)
+            .utf8(false)
+            .build()
+            .parse(source)
+            .map_err(|e| regex::Error::Syntax(e.to_string()))?;
+        let captures = hir.properties().explicit_captures_len() + 1;
+        let lazy = Self {
+            source: source.into(),
+            compiled: Arc::new(OnceLock::new()),
+        };
+        Ok((lazy, captures))
+    }
+
+    /// A regex compiled already (an operator's extra regex, whose errors the policy check
+    /// must report at once).
+    pub(crate) fn compiled(regex: Regex) -> Self {
+        Self {
+            source: regex.as_str().into(),
+            compiled: Arc::new(OnceLock::from(Ok(regex))),
+        }
+    }
+
+    /// The pattern as written.
+    #[cfg(test)]
+    pub(crate) fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// The compiled regex, compiling it on the first call.
+    pub(crate) fn get(&self) -> Result<&Regex, &regex::Error> {
+        self.compiled
+            .get_or_init(|| compile_pattern(&self.source))
+            .as_ref()
+    }
+}
+
+/// A rule, its regex compiled when first needed.
 #[derive(Debug, Clone)]
 pub(crate) struct Rule {
     pub(crate) id: String,
     pub(crate) description: String,
-    pub(crate) regex: Regex,
+    pub(crate) regex: RuleRegex,
     /// The capture group replaced; 0 is the whole match.
     pub(crate) secret_group: usize,
     /// Minimum Shannon entropy of the secret part, bits per byte.
@@ -158,12 +215,13 @@ fn compile_spec(spec: RuleSpec) -> Result<Rule, RedactError> {
     {
         return Err(invalid(&id, "entropy must be in (0, 8] bits per byte"));
     }
-    let regex = compile_pattern(&spec.regex).map_err(|source| RedactError::CompileRule {
-        id: id.clone(),
-        source,
-    })?;
+    let (regex, captures_len) =
+        RuleRegex::parse(&spec.regex).map_err(|source| RedactError::CompileRule {
+            id: id.clone(),
+            source,
+        })?;
     let secret_group = spec.secret_group.unwrap_or(0);
-    if secret_group >= regex.captures_len() {
+    if secret_group >= captures_len {
         return Err(invalid(
             &id,
             "secret_group names a group the regex does not have",
@@ -192,7 +250,7 @@ pub(crate) fn compile_extra(index: usize, pattern: &str) -> Result<Rule, RedactE
     Ok(Rule {
         id: format!("{EXTRA_LABEL_PREFIX}{index}"),
         description: "an extra regex from the policy".to_owned(),
-        regex,
+        regex: RuleRegex::compiled(regex),
         secret_group,
         entropy: None,
         keywords: Vec::new(),
@@ -202,13 +260,26 @@ pub(crate) fn compile_extra(index: usize, pattern: &str) -> Result<Rule, RedactE
 
 impl Rule {
     /// Appends every match of this rule in `text` that passes the entropy gate.
+    ///
+    /// A rule whose regex cannot be compiled (see [`RuleRegex`]) fails closed: the whole
+    /// text is its match.
     pub(crate) fn collect(&self, text: &[u8], label: u32, out: &mut Vec<Candidate>) {
+        let Ok(regex) = self.regex.get() else {
+            if !text.is_empty() {
+                out.push(Candidate {
+                    whole: 0..text.len(),
+                    secret: 0..text.len(),
+                    label,
+                });
+            }
+            return;
+        };
         if self.secret_group == 0 {
-            for m in self.regex.find_iter(text) {
+            for m in regex.find_iter(text) {
                 self.push(m.range(), m.range(), text, label, out);
             }
         } else {
-            for caps in self.regex.captures_iter(text) {
+            for caps in regex.captures_iter(text) {
                 let (Some(whole), Some(secret)) = (caps.get(0), caps.get(self.secret_group)) else {
                     continue;
                 };
@@ -346,6 +417,40 @@ mod tests {
         assert!(re.is_match("é@".as_bytes()));
     }
 
+    /// Rules compile lazily; every built-in one must compile (within the size limit), and its
+    /// group count must be what the syntax check at load said.
+    #[test]
+    fn every_builtin_rule_compiles_as_its_syntax_check_said() {
+        for rule in load_builtin().unwrap() {
+            let regex = rule
+                .regex
+                .get()
+                .unwrap_or_else(|e| panic!("{}: {e}", rule.id));
+            let (_, captures) = RuleRegex::parse(rule.regex.as_str()).unwrap();
+            assert_eq!(regex.captures_len(), captures, "{}", rule.id);
+        }
+    }
+
+    /// A rule whose regex does not compile (here: past the size limit) redacts the whole
+    /// text it is woken for, rather than nothing.
+    #[test]
+    fn a_rule_that_cannot_compile_fails_closed() {
+        let mut rule = load_builtin().unwrap().remove(0);
+        let (huge, _) = RuleRegex::parse(r"(?:\w{1000}){1000}").unwrap();
+        assert!(huge.get().is_err());
+        rule.regex = huge;
+        let mut out = Vec::new();
+        rule.collect(b"some text", 3, &mut out);
+        assert_eq!(
+            out,
+            [Candidate {
+                whole: 0..9,
+                secret: 0..9,
+                label: 3
+            }]
+        );
+    }
+
     /// The prefilter runs a rule only when one of its keywords is in the text, so every
     /// match must contain one (checked on the examples), within the stream holdback of its
     /// start.
@@ -353,7 +458,7 @@ mod tests {
     fn every_example_match_contains_a_keyword() {
         for rule in load_builtin().unwrap() {
             for example in &rule.examples {
-                let m = rule.regex.find(example.as_bytes()).unwrap();
+                let m = rule.regex.get().unwrap().find(example.as_bytes()).unwrap();
                 let matched = example[m.range()].to_ascii_lowercase();
                 let first = rule
                     .keywords
@@ -410,10 +515,11 @@ mod tests {
             }
             for example in &rule.examples {
                 let bytes = example.as_bytes();
-                let full = rule.regex.find(bytes).unwrap();
+                let regex = rule.regex.get().unwrap();
+                let full = regex.find(bytes).unwrap();
                 let from = full.start() + (full.len() * 3 / 4);
                 for cut in from..full.end() {
-                    let end = rule.regex.find(&bytes[..cut]).map_or(0, |m| m.end());
+                    let end = regex.find(&bytes[..cut]).map_or(0, |m| m.end());
                     assert!(
                         end + crate::stream::STREAM_TAIL_MARGIN_BYTES >= cut,
                         "{}: prefix of {cut} bytes of {example:?} matched to {end}",

@@ -103,3 +103,43 @@ fn kill_all_stops_a_fork_bomb() -> Result<()> {
     job.remove()?;
     Ok(())
 }
+
+/// A group no job of this supervisor explains may be another supervisor's live job (two
+/// airlocks, two runtime directories, one cgroup parent): the orphan sweep removes it only
+/// when it is empty and old, and never kills what is in it.
+#[test]
+fn an_orphaned_group_is_removed_only_when_empty_and_old() -> Result<()> {
+    let Some(p) = real_parent("orphan")? else {
+        return Ok(());
+    };
+    let job = p.manager.create_job("orphan", &SMALL)?;
+    let mut member = spawn_sleep()?;
+    place(&job, member.pid())?;
+    let paths = job.paths();
+    assert!(!p.manager.remove_orphaned_group("orphan", Duration::ZERO)?);
+    assert_eq!(
+        member.0.try_wait()?,
+        None,
+        "a member of another's job was killed"
+    );
+    assert!(paths.iter().all(|p| p.exists()), "{paths:?}");
+
+    job.kill_all()?;
+    member
+        .wait_timeout(Duration::from_secs(5))?
+        .context("member survived")?;
+    assert!(job.wait_empty(Duration::from_secs(2))?);
+    assert!(
+        !p.manager
+            .remove_orphaned_group("orphan", Duration::from_secs(3600))?
+    );
+    assert!(
+        paths.iter().all(|p| p.exists()),
+        "a new group was removed: {paths:?}"
+    );
+
+    assert!(p.manager.remove_orphaned_group("orphan", Duration::ZERO)?);
+    assert!(paths.iter().all(|p| !p.exists()), "{paths:?}");
+    drop(job);
+    Ok(())
+}

@@ -1,6 +1,7 @@
 mod bad_input;
 mod basics;
 mod cleanup;
+mod cold;
 mod common;
 mod images;
 mod limits;

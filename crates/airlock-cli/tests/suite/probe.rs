@@ -8,10 +8,13 @@ use pretty_assertions::assert_eq;
 use super::common::TestEnv;
 use crate::require_native;
 
+/// Runs the probe in a sandbox started by the `airlock` command that `airlock` makes
+/// ([`TestEnv::cmd`], or a wrapper).
 pub fn run_probe(
     env: &TestEnv,
     policy_body: &str,
     extra: &[&str],
+    airlock: impl Fn(&TestEnv) -> std::process::Command,
 ) -> (ProbeReport, serde_json::Value) {
     let probe = airlock_testkit::require_probe().expect("probe binary");
     // The probe's subject is the sandbox's shape, not wall time: a long timeout keeps it
@@ -29,7 +32,7 @@ pub fn run_probe(
         "-c".to_owned(),
     ];
     args.push(format!("exec /work/probe report {}", extra.join(" ")));
-    let mut cmd = env.cmd();
+    let mut cmd = airlock(env);
     // A secret in the supervisor's environment must never reach the job.
     cmd.env("OPENAI_API_KEY", "sk-airlock-canary-secret");
     cmd.arg("run").arg("--json").args(&args);
@@ -50,10 +53,24 @@ fn probe_sees_a_locked_down_sandbox() {
 /// Runs the probe under a policy (`policy_body` added to the test policy) and checks every
 /// property of the security shape that does not depend on cgroups.
 pub fn assert_probe_sees_a_locked_down_sandbox(policy_body: &str) -> ProbeReport {
+    assert_probe_sees_a_locked_down_sandbox_via(policy_body, TestEnv::cmd)
+}
+
+/// [`assert_probe_sees_a_locked_down_sandbox`] with the `airlock` command that `airlock`
+/// makes (a wrapper, say).
+pub fn assert_probe_sees_a_locked_down_sandbox_via(
+    policy_body: &str,
+    airlock: impl Fn(&TestEnv) -> std::process::Command,
+) -> ProbeReport {
     let env = TestEnv::new();
     let canary = TcpListener::bind("127.0.0.1:0").unwrap();
     let canary_addr = canary.local_addr().unwrap().to_string();
-    let (r, _) = run_probe(&env, policy_body, &["--canary", &canary_addr, "--fill-tmp"]);
+    let (r, _) = run_probe(
+        &env,
+        policy_body,
+        &["--canary", &canary_addr, "--fill-tmp"],
+        airlock,
+    );
 
     // Identity: uid/gid 65534, alone in its pid namespace.
     assert_eq!((r.identity.uid, r.identity.euid), (65534, 65534));
