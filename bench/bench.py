@@ -16,6 +16,12 @@ Contenders (each where this host has it; a missing one is listed with the reason
                      started before the job arrives, one sandbox per job
   serve zygote       the same with `[native] zygote = true`: each warm sandbox forked from
                      one interpreter that started once (docs/speed.md)
+  airlock docker warm   `airlock serve --backend docker` with `[docker] warm_pool`: a
+                     container created and started before the job, its interpreter
+                     waiting; and `airlock gvisor warm` alike (`gvisor_warm_pool`). Their
+                     latency rows send each job once a warm container is ready (the wait
+                     is not counted); in the throughput runs a job that finds none ready
+                     runs in a fresh container, as it would in production
 
 Jobs: `print(sum(range(10)))`, and one that imports json and re and prints 1 MB (airlock
 keeps the first 8 KB: its default stdout cap; the others write to /dev/null or a pipe that
@@ -30,6 +36,9 @@ thing.
 
 Usage: bench.py --airlock BIN --work DIR [--runs N] [--jobs N] [--levels 1,2,8]
                 [--image REF@sha256:...] [--only NAME,...]
+
+The container rows use the Docker daemon the docker CLI uses (DOCKER_HOST), and the
+Podman service at $AIRLOCK_PODMAN_SOCKET (default /run/podman/podman.sock).
 """
 import argparse
 import http.client
@@ -69,12 +78,16 @@ def log(*a):
 class Contender:
     """One way of running a job: a command per job, or an HTTP server."""
 
-    def __init__(self, name, argv_for=None, server=None, note=""):
+    def __init__(self, name, argv_for=None, server=None, note="", backend=None, warm_key=None):
         self.name = name
         self.argv_for = argv_for  # job name -> argv
         self.server = server  # (host, port) when over HTTP
         self.note = note
         self.missing = None  # why it cannot run here
+        # A warm container row: `airlock serve --backend BACKEND` with `[docker] WARM_KEY`;
+        # its sequential jobs are sent once a warm container is ready.
+        self.backend = backend
+        self.warm_key = warm_key
 
     def one(self, job):
         """A callable running one job, with per-thread state (a connection)."""
@@ -150,17 +163,34 @@ def throughput(contender, job, n_jobs, clients):
     return done[0] / wall, latencies
 
 
-def latency_http(contender, job, runs, warmup):
+def latency_http(contender, job, runs, warmup, want_ready=0):
+    """Sequential jobs' times. With `want_ready`, each job is sent once the server's warm
+    pool has that many ready (the wait is not part of the job's time)."""
     one = contender.one(job)
     state = {}
+
+    def ready():
+        if want_ready:
+            wait_ready(contender.server, want_ready)
+
     for _ in range(warmup):
+        ready()
         one(state)
     times = []
     for _ in range(runs):
+        ready()
         start = time.perf_counter()
         one(state)
         times.append(time.perf_counter() - start)
     return times
+
+
+def wait_ready(addr, want, limit=120):
+    deadline = time.time() + limit
+    while metric(addr, "airlock_warm_pool_ready") < want:
+        if time.time() > deadline:
+            raise SystemExit(f"the warm pool at {addr} never had {want} ready")
+        time.sleep(0.02)
 
 
 def latency_hyperfine(contenders, job, runs, warmup, work):
@@ -184,6 +214,8 @@ def shell_quote(arg):
 
 
 COLD_RUNS = 3
+HIT_SERIES = 'airlock_warm_pool_jobs_total{result="hit"}'
+MISS_SERIES = 'airlock_warm_pool_jobs_total{result="miss"}'
 
 
 def cold_start(airlock, policy, work, name):
@@ -229,10 +261,11 @@ def observation_then_exit(airlock, policy, work, runs):
     return read, exited
 
 
-def start_server(airlock, policy, work, name):
+def start_server(airlock, policy, work, name, backend="native"):
     env = dict(os.environ, AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"), AIRLOCK_LOG="warn")
     proc = subprocess.Popen(
-        [airlock, "serve", "--listen", "127.0.0.1:0", "--policy", policy, "--queue", "1000"],
+        [airlock, "serve", "--listen", "127.0.0.1:0", "--policy", policy, "--queue", "1000",
+         "--backend", backend],
         stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stderr:
         m = re.search(r"listening on http://([0-9.]+):(\d+)", line)
@@ -259,6 +292,43 @@ def metric(addr, series):
         if line.startswith(series + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def memory_of_pid(pid):
+    """Memory charged to the cgroup of `pid` (v1 or v2), in KiB, or None."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        candidates = []
+        if "memory" in controllers.split(","):
+            candidates.append(f"/sys/fs/cgroup/memory{path}/memory.usage_in_bytes")
+        elif controllers == "":
+            candidates.append(f"/sys/fs/cgroup{path}/memory.current")
+        for candidate in candidates:
+            if os.path.exists(candidate):
+                with open(candidate) as f:
+                    return int(f.read()) // 1024
+    return None
+
+
+def warm_containers(backend):
+    """Memory charged to the cgroup of each waiting warm container of `backend`, in KiB
+    (on the docker CLI's daemon)."""
+    ids = subprocess.run(["docker", "ps", "-q", "--filter", "label=airlock.warm=true",
+                          "--filter", f"label=airlock.backend={backend}"],
+                         capture_output=True, text=True).stdout.split()
+    found = []
+    for cid in ids:
+        pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", cid],
+                             capture_output=True, text=True).stdout.strip()
+        kib = memory_of_pid(pid) if pid.isdigit() else None
+        if kib is not None:
+            found.append(kib)
+    return found
 
 
 def parent_pid(pid):
@@ -362,6 +432,18 @@ def main():
     with open(policy_full, "w") as f:
         f.write(f'version = "bench-1"\n[filesystem]\nrootfs = "host-full"\n'
                 f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
+    podman_socket = os.environ.get("AIRLOCK_PODMAN_SOCKET", "/run/podman/podman.sock")
+    with open(policy_image, "a") as f:
+        f.write(f'[docker]\npodman_socket = "{podman_socket}"\n')
+
+    def policy_warm_containers(key):
+        path = os.path.join(work, f"policy-{key}.toml")
+        with open(path, "w") as f:
+            f.write(f'version = "bench-1"\n[filesystem]\n{image_line}\n'
+                    f'[docker]\npodman_socket = "{podman_socket}"\n{key} = {args.warm_pool}\n'
+                    f'[audit]\npath = "{work}/audit.jsonl"\nfsync = false\n')
+        return path
+
     policy_warm = os.path.join(work, "policy-warm.toml")
     with open(policy_warm, "w") as f:
         f.write(f'version = "bench-1"\n[native]\nwarm_pool = {args.warm_pool}\nzygote = false\n'
@@ -415,6 +497,10 @@ def main():
         Contender("serve cold", note="HTTP, a fresh sandbox per job"),
         Contender("serve warm", note=f"HTTP, warm_pool = {args.warm_pool}"),
         Contender("serve zygote", note=f"HTTP, warm_pool = {args.warm_pool}, zygote = true"),
+        Contender("airlock docker warm", backend="docker", warm_key="warm_pool",
+                  note=f"HTTP, [docker] warm_pool = {args.warm_pool}"),
+        Contender("airlock gvisor warm", backend="gvisor", warm_key="gvisor_warm_pool",
+                  note=f"HTTP, [docker] gvisor_warm_pool = {args.warm_pool}"),
     ]
     if not shutil.which("bwrap"):
         contenders[1].missing = "bwrap is not installed"
@@ -424,7 +510,8 @@ def main():
         runtimes = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"],
                                   capture_output=True, text=True).stdout
     for c in contenders:
-        if c.name in ("docker run", "docker run runsc", "airlock docker", "airlock gvisor"):
+        if c.name in ("docker run", "docker run runsc", "airlock docker", "airlock gvisor",
+                      "airlock docker warm", "airlock gvisor warm"):
             if not docker_ok:
                 c.missing = "no Docker daemon"
             elif not image_id:
@@ -433,8 +520,8 @@ def main():
                 if "runsc" not in runtimes:
                     c.missing = "Docker has no runsc runtime"
         if c.name == "airlock podman":
-            if not os.path.exists("/run/podman/podman.sock"):
-                c.missing = "no Podman service socket at /run/podman/podman.sock"
+            if not os.path.exists(podman_socket):
+                c.missing = f"no Podman service socket at {podman_socket}"
             elif not image_id:
                 c.missing = "no image"
     if args.only:
@@ -457,6 +544,7 @@ def main():
 
     servers = []
     memory = {}
+    pool_totals = {}
     try:
         by_name = {c.name: c for c in contenders}
         if not by_name["serve cold"].missing:
@@ -481,6 +569,18 @@ def main():
             time.sleep(0.5)
             memory[f"{name}: server RSS with {args.warm_pool} sandboxes waiting"] = rss_kib(proc.pid)
             record_pool_memory(memory, name, proc.pid)
+        for c in contenders:
+            if not c.warm_key or c.missing:
+                continue
+            proc, addr = start_server(airlock, policy_warm_containers(c.warm_key), work,
+                                      c.backend + "-warm", backend=c.backend)
+            servers.append(proc)
+            c.server = addr
+            wait_ready(addr, args.warm_pool)
+            time.sleep(0.5)
+            per = warm_containers(c.backend)
+            if per:
+                memory[f"memory charged per waiting {c.backend} container (cgroup, mean of {len(per)})"] = sum(per) // len(per)
 
         runnable = [c for c in contenders if not c.missing]
         processes = [c for c in runnable if c.argv_for]
@@ -488,13 +588,25 @@ def main():
         lat = {}
         rates = {}
         loaded = {}
+        warm_hits = {}
+        lat_b2b = {}
         for job in JOBS:
             log(f"== latency, job {job}: hyperfine over {len(processes)} commands, {args.runs} runs each")
             for name, times in latency_hyperfine(processes, job, args.runs, 3, work).items():
                 lat[(name, job)] = times
             for c in http_ones:
                 log(f"== latency, job {job}: {c.name}")
-                lat[(c.name, job)] = latency_http(c, job, args.runs, 3)
+                if not c.warm_key:
+                    lat[(c.name, job)] = latency_http(c, job, args.runs, 3)
+                    continue
+                # A warm container row: each job once the pool is full again, as an agent's
+                # turns seconds apart find it (its refills done); then back to back, each
+                # job as soon as one container is ready, while the daemon still creates
+                # and starts the replacements of the ones before.
+                before = metric(c.server, HIT_SERIES)
+                lat[(c.name, job)] = latency_http(c, job, args.runs, 3, args.warm_pool)
+                lat_b2b[(c.name, job)] = latency_http(c, job, args.runs, 3, 1)
+                warm_hits[(c.name, job)] = (metric(c.server, HIT_SERIES) - before, 2 * (args.runs + 3))
             for c in runnable:
                 for n in levels:
                     jobs = args.jobs if "docker" not in c.name and "gvisor" not in c.name and "podman" not in c.name else max(n * 2, args.jobs // 2)
@@ -515,6 +627,9 @@ def main():
                         memory[f"server peak RSS with {n} clients (cold, at most {os.cpu_count()} jobs in flight)"] = peak[0]
                     else:
                         rates[(c.name, job, n)], loaded[(c.name, job, n)] = throughput(c, job, jobs, n)
+        for c in runnable:
+            if c.warm_key:
+                pool_totals[c.name] = (metric(c.server, HIT_SERIES), metric(c.server, MISS_SERIES))
     finally:
         for proc in servers:
             proc.terminate()
@@ -582,6 +697,28 @@ def main():
         for name, times in cold.items():
             warm = statistics.median(lat[(name, "sum")]) * 1000 if (name, "sum") in lat else float("nan")
             print(f"| {name} | {statistics.median(times) * 1000:.0f} | {warm:.1f} |")
+        print()
+    if pool_totals:
+        print("Warm containers: the rows above send each job once the pool is full again (its "
+              "refills done, as an agent's turns seconds apart find it). Back to back, each job "
+              "as soon as one container is ready while the daemon creates and starts the "
+              "replacements (its work is not in any container's cgroup, so it competes):\n")
+        print("| contender | job | median ms (pool full) | median ms (back to back) | p90 ms (back to back) |")
+        print("|:---|:---|---:|---:|---:|")
+        for (name, job), times in lat_b2b.items():
+            print(f"| {name} | `{job}` | {statistics.median(lat[(name, job)]) * 1000:.1f} | "
+                  f"{statistics.median(times) * 1000:.1f} | {percentile(times, 90) * 1000:.1f} |")
+        print()
+        for name, (hit, miss) in pool_totals.items():
+            seq = "; ".join(f"`{job}` {int(h)} of {n}" for (n_, job), (h, n) in warm_hits.items() if n_ == name)
+            print(f"- {name}: sequential jobs run warm: {seq}; over every run {int(hit)} warm, "
+                  f"{int(miss)} in a fresh container (throughput runs: none ready)")
+        print()
+        for warm, rival in (("airlock docker warm", "docker run"), ("airlock gvisor warm", "docker run runsc")):
+            for job in JOBS:
+                if (warm, job) in lat and (rival, job) in lat:
+                    ratio = statistics.median(lat[(warm, job)]) / statistics.median(lat[(rival, job)])
+                    print(f"- `{job}`: {warm} median / {rival} median = {ratio:.2f} (issue 18's target: 0.2 or less)")
         print()
     if observation:
         read, exited = observation

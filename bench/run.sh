@@ -6,7 +6,9 @@
 #   bench/run.sh --runs 50 --jobs 80   more samples
 #   bench/run.sh --only "airlock native,serve warm"   python3 plus the named contenders
 #
-# Uses the Docker daemon if one runs (it never starts or stops one) and the test image
+# Uses the Docker daemon if one runs (DOCKER_HOST's, as the docker CLI does, else
+# /var/run/docker.sock; it never starts or stops one), the Podman service at
+# $AIRLOCK_PODMAN_SOCKET (default /run/podman/podman.sock), and the test image
 # scripts/ci/docker.sh builds (airlock-test:bookworm); without them the container rows are
 # listed as not run. Run it on a quiet machine: every figure is wall-clock time.
 set -euo pipefail
@@ -22,7 +24,9 @@ done
 cargo build --release --locked -q -p airlock-cli
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 image=""
-if curl -sf --unix-socket /var/run/docker.sock http://localhost/_ping >/dev/null 2>&1; then
+docker_sock=/var/run/docker.sock
+case "${DOCKER_HOST:-}" in unix://*) docker_sock="${DOCKER_HOST#unix://}" ;; esac
+if curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1; then
   id=$(docker image inspect airlock-test:bookworm --format '{{.Id}}' 2>/dev/null || true)
   [ -n "$id" ] && image="airlock-test:bookworm@$id"
 fi

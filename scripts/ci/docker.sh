@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The conformance suite against every backend: native, docker (runc), gvisor (runsc),
-# podman (runc). As root on Debian 12. Installs Docker, gVisor and Podman from Debian,
+# podman (runc), and each one's warm path (a job delivered to a sandbox or container
+# started before it: native warm, zygote (native, forked from a zygote), warm_docker,
+# warm_gvisor, warm_podman), then the warm
+# containers through `airlock serve` (airlock-server's tests that need the engines). As
+# root on Debian 12. Installs Docker, gVisor and Podman from Debian,
 # starts a dockerd and `podman system service`s of its own, on their own sockets with
 # their own configuration (scripts/ci/engines.sh: whatever daemon the host runs is neither
 # used nor touched), builds a small Python image with debootstrap (no registry needed;
@@ -114,13 +118,13 @@ lap image
 # daemons above.)
 export AIRLOCK_REQUIRE_ALL=1
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-log "building airlock, the probe and the conformance suite"
+log "building airlock, the probe, the conformance suite and the server's tests"
 cargo build --locked -q -p airlock-cli -p airlock-testkit --bins
-cargo nextest run --locked --no-run -p airlock-conformance >/dev/null 2>&1 \
-  || cargo nextest run --locked --no-run -p airlock-conformance
+cargo nextest run --locked --no-run -p airlock-conformance -p airlock-server >/dev/null 2>&1 \
+  || cargo nextest run --locked --no-run -p airlock-conformance -p airlock-server
 lap build
 status=0
-for backend in native warm zygote docker gvisor podman; do
+for backend in native warm zygote docker gvisor podman warm_docker warm_gvisor warm_podman; do
   log "conformance suite: $backend"
   b0=$(date +%s)
   cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" \
@@ -128,6 +132,15 @@ for backend in native warm zygote docker gvisor podman; do
   timings+=("suite $backend: $(( $(date +%s) - b0 )) s")
 done
 step_start=$(date +%s)
+
+# Warm containers through a real `airlock serve` on each engine: the same view as a
+# fresh container's, one job per container, the CPU share, replacement, shutdown and the
+# sweep of a killed server's (ignored in a plain `cargo nextest run`: they need the
+# engines above).
+log "warm containers through airlock serve"
+cargo nextest run --locked -p airlock-server --run-ignored only -E 'test(/::warm_containers::/)' \
+  --no-fail-fast --test-threads 2 || status=1
+lap "warm containers (server)"
 
 # 5. Nothing of airlock's is left in either daemon.
 for sock in "$docker_sock" "$podman_sock"; do
@@ -146,4 +159,4 @@ if [ "$status" != 0 ]; then
   log "conformance FAILED"
   exit 1
 fi
-log "conformance passed on native, native warm (airlock run --warm), native forked from a zygote (--warm with [native] zygote), docker, gvisor and podman"
+log "conformance passed on native (fresh, warm with airlock run --warm, and forked from a zygote), docker, gvisor and podman (cold and warm), and warm containers through airlock serve"

@@ -3,7 +3,8 @@
 #   1. builds a Python image from a spec with two wheels from a local wheelhouse (pip
 #      download of pinned pure-Python packages, hashed here), twice, to check that the
 #      same inputs give the same digest;
-#   2. loads it into Docker and runs the conformance suite on docker and gvisor with it,
+#   2. loads it into Docker and runs the conformance suite with it on native (fresh, warm
+#      and forked from a zygote), docker and gvisor (cold and warm containers),
 #      and airlock-oci's tests (hostile archives, whiteouts, concurrency, the image from
 #      inside jobs on native, docker and gvisor with one digest, doctor's age warning;
 #      a stock Docker image, the `docker import` of the cached debootstrap tree, saved by
@@ -187,7 +188,7 @@ lap "airlock-oci tests"
 export AIRLOCK_TEST_IMAGE="$image_name@$id"
 # The native backend runs the same image from the store (AIRLOCK_TEST_OCI_STORE above).
 export AIRLOCK_TEST_NATIVE_IMAGE="$image_name@$id"
-for backend in native warm zygote docker gvisor; do
+for backend in native warm zygote docker gvisor warm_docker warm_gvisor; do
   log "conformance suite on $backend with $AIRLOCK_TEST_IMAGE"
   b0=$(date +%s)
   cargo nextest run --locked -p airlock-conformance -E "test(/::$backend::/)" --no-fail-fast \
@@ -202,4 +203,4 @@ if [ "$status" != 0 ]; then
   log "images FAILED"
   exit 1
 fi
-log "images passed: $image_name@$id on native (fresh, warm and forked), docker and gvisor; pull by digest from $registry"
+log "images passed: $image_name@$id on native (fresh, warm and forked), docker and gvisor (cold and warm); pull by digest from $registry"

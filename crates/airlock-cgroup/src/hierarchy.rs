@@ -203,6 +203,43 @@ impl Hierarchy {
     pub(crate) fn v1_mount(&self, controller: &str) -> Option<&V1Mount> {
         self.v1.iter().find(|m| m.has(controller))
     }
+
+    /// The directory of the CPU controller's group that `proc_pid_cgroup` (the text of a
+    /// process's `/proc/<pid>/cgroup`) names: in the v1 hierarchy carrying `cpu` if there is
+    /// one, else in the unified one. `None` when the file names no such group or its path
+    /// is not below the mount's root. Pure.
+    pub fn cpu_dir_of(&self, proc_pid_cgroup: &str) -> Option<PathBuf> {
+        let lines = proc_pid_cgroup.lines().filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            Some((parts.next()?, parts.next()?, parts.next()?))
+        });
+        match self.v1_mount("cpu") {
+            Some(mount) => lines
+                .filter(|(_, list, _)| list.split(',').any(|c| c == "cpu"))
+                .find_map(|(_, _, path)| own_dir(&mount.mount_point, &mount.root, path)),
+            None => {
+                let unified = self.unified.as_ref()?;
+                lines
+                    .filter(|(id, list, _)| *id == "0" && list.is_empty())
+                    .find_map(|(_, _, path)| own_dir(&unified.mount_point, &unified.root, path))
+            }
+        }
+    }
+
+    /// Sets the CPU priority of a group airlock did not create (a container's, which its
+    /// engine made), found with [`Hierarchy::cpu_dir_of`]: the same values as
+    /// [`crate::JobCgroup::set_cpu_priority`] writes for a job's own group.
+    pub fn set_cpu_priority_of(
+        &self,
+        dir: &Path,
+        priority: crate::CpuPriority,
+    ) -> Result<(), CgroupError> {
+        if self.v1_mount("cpu").is_some() {
+            crate::v1::write_cpu_shares(dir, priority)
+        } else {
+            crate::v2::write_cpu_priority(dir, priority)
+        }
+    }
 }
 
 /// The fields of one mountinfo line that we use.
@@ -435,6 +472,55 @@ pub(crate) mod tests {
         assert!(matches!(r, Err(CgroupError::Parse { .. })));
         let r = Hierarchy::from_proc_files(V2_HOST_MOUNTINFO, "garbage\n");
         assert!(matches!(r, Err(CgroupError::Parse { .. })));
+    }
+
+    #[test]
+    fn a_containers_cpu_group_is_found_from_its_proc_cgroup() -> Result<(), CgroupError> {
+        let id = "0123abcd";
+        let v1 = Hierarchy::from_proc_files(V1_HOST_MOUNTINFO, V1_HOST_CGROUP)?;
+        let container = format!(
+            "4:memory:/airlock-docker/{id}\n2:cpuacct:/airlock-docker/{id}\n1:cpu:/airlock-docker/{id}\n0::/\n"
+        );
+        assert_eq!(
+            v1.cpu_dir_of(&container),
+            Some(PathBuf::from(format!(
+                "/sys/fs/cgroup/cpu/airlock-docker/{id}"
+            )))
+        );
+        let hybrid = Hierarchy::from_proc_files(HYBRID_MOUNTINFO, HYBRID_CGROUP)?;
+        assert_eq!(
+            hybrid.cpu_dir_of(&format!("4:cpu,cpuacct:/docker/{id}\n0::/docker/{id}\n")),
+            Some(PathBuf::from(format!(
+                "/sys/fs/cgroup/cpu,cpuacct/docker/{id}"
+            )))
+        );
+        let v2 = Hierarchy::from_proc_files(V2_HOST_MOUNTINFO, V2_HOST_CGROUP)?;
+        assert_eq!(
+            v2.cpu_dir_of(&format!("0::/system.slice/docker-{id}.scope\n")),
+            Some(PathBuf::from(format!(
+                "/sys/fs/cgroup/system.slice/docker-{id}.scope"
+            )))
+        );
+        assert_eq!(v2.cpu_dir_of("1:cpu:/x\n"), None, "no unified line");
+        assert_eq!(v1.cpu_dir_of("1:cpu:/../x\n"), None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_foreign_groups_cpu_priority_takes_the_job_groups_values() -> Result<(), CgroupError> {
+        let tree = tempfile::tempdir().map_err(|source| CgroupError::ReadDir {
+            path: PathBuf::from("tempdir"),
+            source,
+        })?;
+        let v1 = Hierarchy::from_proc_files(V1_HOST_MOUNTINFO, V1_HOST_CGROUP)?;
+        v1.set_cpu_priority_of(tree.path(), crate::CpuPriority::Background)?;
+        assert_eq!(fs::read(&tree.path().join("cpu.shares"))?, "2");
+        v1.set_cpu_priority_of(tree.path(), crate::CpuPriority::Normal)?;
+        assert_eq!(fs::read(&tree.path().join("cpu.shares"))?, "1024");
+        let v2 = Hierarchy::from_proc_files(V2_HOST_MOUNTINFO, V2_HOST_CGROUP)?;
+        v2.set_cpu_priority_of(tree.path(), crate::CpuPriority::Normal)?;
+        assert_eq!(fs::read(&tree.path().join("cpu.weight"))?, "100");
+        Ok(())
     }
 
     #[test]

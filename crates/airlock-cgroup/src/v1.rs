@@ -97,14 +97,22 @@ pub(crate) fn write_cpu_priority(
     dirs: &[GroupDir],
     priority: crate::CpuPriority,
 ) -> Result<(), CgroupError> {
+    for d in dirs.iter().filter(|d| d.serves("cpu")) {
+        write_cpu_shares(&d.dir, priority)?;
+    }
+    Ok(())
+}
+
+/// `cpu.shares` of one group directory of the `cpu` hierarchy.
+pub(crate) fn write_cpu_shares(
+    dir: &std::path::Path,
+    priority: crate::CpuPriority,
+) -> Result<(), CgroupError> {
     let shares = match priority {
         crate::CpuPriority::Normal => "1024",
         crate::CpuPriority::Background => "2",
     };
-    for d in dirs.iter().filter(|d| d.serves("cpu")) {
-        fs::write(&d.dir.join("cpu.shares"), shares)?;
-    }
-    Ok(())
+    fs::write(&dir.join("cpu.shares"), shares)
 }
 
 /// `memory.max_usage_in_bytes`, `oom_kill` of `memory.oom_control`, `cpuacct.usage` (ns).

@@ -96,9 +96,10 @@ pub struct RunArgs {
 
     /// Run the job in a warm sandbox, as `airlock serve`'s warm pool does: the sandbox and
     /// the interpreter are started first, then the job is delivered. Slower than a plain
-    /// run; for the conformance suite and for diagnosing the warm path. Native backend,
-    /// Python jobs only. Says on stderr whether the job ran warm (with `[native] zygote`:
-    /// in a sandbox forked from a zygote).
+    /// run; for the conformance suite and for diagnosing the warm path. Python jobs on the
+    /// native, docker, gvisor and podman backends (a warm container there). Says on stderr
+    /// whether the job ran warm (natively with `[native] zygote`: in a sandbox forked from
+    /// a zygote).
     #[arg(long, hide = true)]
     warm: bool,
 
@@ -327,10 +328,10 @@ async fn run_warm(
 ) -> (airlock_core::JobResult, Removal) {
     let version = loaded.policy.version.clone();
     let result = without_sandbox;
-    if backend_kind != BackendKind::Native {
+    if backend_kind == BackendKind::Kube {
         return result(refuse(
             ErrorKind::InvalidInput,
-            format!("--warm needs the native backend, not {backend_kind}"),
+            format!("--warm needs the native or a container backend, not {backend_kind}"),
             &version,
         ));
     }

@@ -219,7 +219,8 @@ pub struct WarmPoolStats {
     pub started: u64,
     /// Warm sandboxes that failed to start.
     pub failed: u64,
-    /// Warm sandboxes found dead while waiting, and discarded.
+    /// Warm sandboxes discarded without a job: found dead while waiting, idle past the
+    /// pool's lifetime, or their CPU priority not raised for a job.
     pub discarded: u64,
     /// Of the hits, jobs that ran in a sandbox forked from a zygote (`[native] zygote`).
     pub forked_hits: u64,

@@ -1,7 +1,8 @@
 //! airlock-core owns airlock's model: the job request and its checked form, the policy
 //! file, the observation, bounded output capture, the audit record, the [`Backend`] trait,
 //! and the supervision core every backend runs a job through ([`supervise`]: output caps,
-//! the flood limit, the tap, the wall-time deadline and the kill decision). It opens
+//! the flood limit, the tap, the wall-time deadline and the kill decision), and the warm
+//! pool every backend's warm sandboxes are kept in ([`warm`]). It opens
 //! nothing and has no unsafe code: the supervision core reads only the streams a backend
 //! hands it; everything that touches the OS lives in the backend crates, and everything
 //! that writes files lives in the engine.
@@ -19,6 +20,7 @@ pub mod policy;
 pub mod schema;
 pub mod supervise;
 pub mod units;
+pub mod warm;
 
 pub use backend::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, StreamKind, Teardown,

@@ -120,13 +120,14 @@ impl std::fmt::Debug for DockerBackend {
     }
 }
 
-struct Ready {
-    docker: Docker,
+/// The daemon once connected: its client and what it can give.
+pub(crate) struct Ready {
+    pub(crate) docker: Docker,
     /// Whether `/out` can be given: airlock is root and the daemon is not rootless, so a
     /// tmpfs airlock mounts on the host is what the container sees.
     out_dir: bool,
     /// How the containers' TCP socket buffers are held to their memory limit.
-    tcp: TcpAccounting,
+    pub(crate) tcp: TcpAccounting,
 }
 
 impl DockerBackend {
@@ -180,7 +181,7 @@ impl DockerBackend {
         &self.config
     }
 
-    async fn ready(&self) -> Result<&Ready, DockerError> {
+    pub(crate) async fn ready(&self) -> Result<&Ready, DockerError> {
         self.ready.get_or_try_init(|| self.connect()).await
     }
 
@@ -312,32 +313,13 @@ impl DockerBackend {
         job: &JobSpec,
         tap: Option<OutputTap>,
     ) -> Result<(RunReport, Teardown), DockerError> {
-        let backend = self.config.flavor.as_str();
-        let (reference, digest) = match &job.filesystem.rootfs {
-            RootfsSpec::Image { reference, digest } => (reference.as_str(), digest.as_str()),
-            other => {
-                return Err(DockerError::NotAnImage {
-                    backend,
-                    rootfs: format!("{other:?}"),
-                });
-            }
-        };
-        let ready = self.ready().await?;
-        self.check_supported(job, ready)?;
-        let image = image::check(&ready.docker, backend, reference, digest).await?;
+        let (ready, image) = self.checked(job).await?;
 
         // Dropped in reverse: the container first, then /out, then the directory.
-        let ids = IdMapping::Rootless {
-            host_uid: JOB_UID,
-            host_gid: JOB_UID,
-        };
-        let jobdir = JobDir::create(&self.runtime_dir, job, &ids).map_err(DockerError::JobDir)?;
+        let jobdir =
+            JobDir::create(&self.runtime_dir, job, &JOB_IDS).map_err(DockerError::JobDir)?;
+        let empty_file = self.create_empty_file(job.id.as_str())?;
         let jobdir_path = self.runtime_dir.path().join(job.id.as_str());
-        let empty_file = jobdir_path.join(EMPTY_FILE_NAME);
-        create_empty_file(&empty_file).map_err(|source| DockerError::EmptyFile {
-            path: empty_file.clone(),
-            source,
-        })?;
         let out = if job.filesystem.out.enabled {
             Some(OutMount::mount(
                 &jobdir_path.join("out"),
@@ -367,31 +349,29 @@ impl DockerBackend {
             ),
             None => None,
         };
-        let name = spec::container_name(job);
-        let guard = ContainerGuard::new(&self.config.socket, &name);
-        let mut created_id = None;
-        let ran = self
-            .run_container(
-                job,
-                tap,
-                proxy_config,
-                ready,
-                &image,
-                &jobdir.work(),
-                &empty_file,
-                trust_bundle.as_deref(),
-                out.as_ref(),
-                &name,
-                &mut created_id,
-            )
+        let files = ContainerFiles {
+            image: &image,
+            empty_file: &empty_file,
+            trust_bundle: trust_bundle.as_deref(),
+            out: out.as_ref(),
+        };
+        let (leftovers, started) = self
+            .start_container(job, ready, &files, jobdir, job.id.as_str(), None)
             .await;
-        let leftovers = Leftovers {
-            docker: ready.docker.clone(),
-            tcp: ready.tcp.clone(),
-            guard,
-            created_id,
-            name,
-            jobdir,
+        let ran = match started {
+            Ok(started) => {
+                self.run_started(
+                    job,
+                    tap,
+                    ready,
+                    &image,
+                    &leftovers.name,
+                    started,
+                    proxy_config,
+                )
+                .await
+            }
+            Err(e) => Err(e),
         };
         let mut report = match ran {
             Ok(report) => report,
@@ -424,14 +404,45 @@ impl DockerBackend {
                 }
             }
         }
-        let job_id = job.id.clone();
-        let teardown = Teardown::new(async move {
-            match leftovers.remove(None).await {
-                Ok(()) => tracing::debug!(job_id = %job_id, "container removed"),
-                Err(e) => tracing::warn!(job_id = %job_id, error = %e, "container not removed"),
+        Ok((report, leftovers.teardown(job.id.to_string())))
+    }
+
+    /// The daemon, connected and swept, and the job's image, checked against its pin; the
+    /// job refused when this backend cannot give what it asks.
+    pub(crate) async fn checked(
+        &self,
+        job: &JobSpec,
+    ) -> Result<(&Ready, CheckedImage), DockerError> {
+        let backend = self.config.flavor.as_str();
+        let (reference, digest) = match &job.filesystem.rootfs {
+            RootfsSpec::Image { reference, digest } => (reference.as_str(), digest.as_str()),
+            other => {
+                return Err(DockerError::NotAnImage {
+                    backend,
+                    rootfs: format!("{other:?}"),
+                });
             }
-        });
-        Ok((report, teardown))
+        };
+        let ready = self.ready().await?;
+        self.check_supported(job, ready)?;
+        let image = image::check(&ready.docker, backend, reference, digest).await?;
+        Ok((ready, image))
+    }
+
+    /// The runtime directory job directories are made in.
+    pub(crate) fn runtime_dir(&self) -> &RuntimeDir {
+        &self.runtime_dir
+    }
+
+    /// Creates the empty read-only file in the job directory `sandbox` that hides device
+    /// nodes ([`spec::GVISOR_HIDDEN_DEVICE_NODES`]).
+    pub(crate) fn create_empty_file(&self, sandbox: &str) -> Result<PathBuf, DockerError> {
+        let path = self.runtime_dir.path().join(sandbox).join(EMPTY_FILE_NAME);
+        create_empty_file(&path).map_err(|source| DockerError::EmptyFile {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
     }
 
     /// Binds the proxy's socket in the network namespace of the started (and gated)
@@ -459,55 +470,87 @@ impl DockerBackend {
         airlock_proxy::spawn(listener, config).map_err(|e| failed(e.to_string()))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn run_container(
+    /// Creates the container of `sandbox` for `job` (a warm one when `warm_argv` is given)
+    /// with `jobdir`'s `work/` at `/work`, sets up its v1 memory group, attaches to it and
+    /// starts it. Returns what is to be removed after it (the container, whatever came of
+    /// the start, its group and the directory) and how the start went.
+    pub(crate) async fn start_container(
         &self,
         job: &JobSpec,
-        tap: Option<OutputTap>,
-        proxy_config: Option<Arc<airlock_proxy::ProxyConfig>>,
         ready: &Ready,
-        image: &CheckedImage,
+        files: &ContainerFiles<'_>,
+        jobdir: JobDir,
+        sandbox: &str,
+        warm_argv: Option<&[String]>,
+    ) -> (Leftovers, Result<Started, DockerError>) {
+        let name = spec::container_name(sandbox);
+        let guard = ContainerGuard::new(&self.config.socket, &name);
+        let mut created_id = None;
+        let started = self
+            .create_and_start(
+                job,
+                ready,
+                files,
+                &jobdir.work(),
+                sandbox,
+                warm_argv,
+                &mut created_id,
+            )
+            .await;
+        let leftovers = Leftovers {
+            docker: ready.docker.clone(),
+            tcp: ready.tcp.clone(),
+            guard,
+            created_id,
+            name,
+            jobdir,
+        };
+        (leftovers, started)
+    }
+
+    /// [`DockerBackend::start_container`]'s steps; `created_id` receives the container's
+    /// id as soon as it exists, for the removal.
+    #[allow(clippy::too_many_arguments)]
+    async fn create_and_start(
+        &self,
+        job: &JobSpec,
+        ready: &Ready,
+        files: &ContainerFiles<'_>,
         workdir: &std::path::Path,
-        empty_file: &std::path::Path,
-        trust_bundle: Option<&std::path::Path>,
-        out: Option<&OutMount>,
-        name: &str,
+        sandbox: &str,
+        warm_argv: Option<&[String]>,
         created_id: &mut Option<String>,
-    ) -> Result<RunReport, DockerError> {
+    ) -> Result<Started, DockerError> {
         let docker = &ready.docker;
+        let name = spec::container_name(sandbox);
+        let name = name.as_str();
         let v1_groups = match &ready.tcp {
             TcpAccounting::V1(groups) => Some(groups),
             TcpAccounting::Inherent => None,
         };
         let cgroup_parent = v1_groups.map(V1Groups::cgroup_parent);
-        let engine = |operation: &'static str| {
-            move |source| DockerError::Engine {
-                operation,
-                container: name.to_owned(),
-                source,
-            }
-        };
         let body = spec::container_body(
             job,
             &ContainerPlan {
                 flavor: self.config.flavor,
-                image_id: &image.id,
+                image_id: &files.image.id,
                 workdir,
-                out_dir: out.map(OutMount::path),
+                out_dir: files.out.map(OutMount::path),
                 runtime: self.config.runtime.as_deref(),
                 boot_id: &self.boot_id,
                 seccomp_profile: &self.seccomp_profile,
-                empty_file,
-                trust_bundle,
+                empty_file: files.empty_file,
+                trust_bundle: files.trust_bundle,
                 nproc_ceiling: self.nproc_ceiling,
                 proxy_port: (job.network == NetworkMode::Proxy)
                     .then_some(airlock_core::job::PROXY_PORT),
                 cgroup_parent: cgroup_parent.as_deref(),
+                sandbox,
+                warm_argv,
             },
         );
+        let has_stdin = body.open_stdin == Some(true);
         let setup_started = Instant::now();
-        // Proxy mode always attaches stdin: the gate line goes that way.
-        let has_stdin = job.stdin.is_some() || proxy_config.is_some();
         let setup = async {
             let created = docker
                 .create_container(
@@ -518,7 +561,7 @@ impl DockerBackend {
                     body,
                 )
                 .await
-                .map_err(engine("create"))?;
+                .map_err(engine("create", name))?;
             *created_id = Some(created.id.clone());
             // Before anything of the container runs: the kernel charges a socket to its
             // group only if the group's TCP limit was set when the socket was made.
@@ -553,11 +596,11 @@ impl DockerBackend {
                     }),
                 )
                 .await
-                .map_err(engine("attach to"))?;
+                .map_err(engine("attach to", name))?;
             docker
                 .start_container(name, None)
                 .await
-                .map_err(engine("start"))?;
+                .map_err(engine("start", name))?;
             Ok::<_, DockerError>(attached)
         };
         let attached = match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
@@ -571,34 +614,66 @@ impl DockerBackend {
             }
         };
         let started_at = Instant::now();
-        if let (Some(groups), Some(id)) = (v1_groups, created_id.as_deref()) {
+        // The first process's host pid: a warm container's CPU share is raised through its
+        // cgroup, and on v1 its memory group is checked.
+        let pid = if v1_groups.is_some() || warm_argv.is_some() {
+            match container_pid(docker, name).await {
+                Ok(pid) => Some(pid),
+                // It already ended: nothing of it runs unbounded any more.
+                Err(e) => {
+                    tracing::debug!(container = %name, error = %e, "no pid to check the cgroups of");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if let (Some(groups), Some(id), Some(pid)) = (v1_groups, created_id.as_deref(), pid) {
             // The daemon chose the group from the parent airlock gave; had it chosen
             // another, the job's sockets would be unbounded: it is removed (with the
             // container, by the caller) rather than run on.
-            match container_pid(docker, name).await {
-                Ok(pid) => {
-                    groups
-                        .check_member(pid, id)
-                        .map_err(|reason| DockerError::TcpGroupNotUsed {
-                            container: name.to_owned(),
-                            reason,
-                        })?
-                }
-                // It already ended: nothing of it runs unbounded any more.
-                Err(e) => {
-                    tracing::debug!(container = %name, error = %e, "no pid to check the memory cgroup of")
-                }
-            }
+            groups
+                .check_member(pid, id)
+                .map_err(|reason| DockerError::TcpGroupNotUsed {
+                    container: name.to_owned(),
+                    reason,
+                })?;
         }
         let setup = started_at.saturating_duration_since(setup_started);
-        tracing::debug!(job_id = %job.id, setup_ms = setup.as_millis() as u64, "container started");
+        tracing::debug!(
+            sandbox,
+            setup_ms = setup.as_millis() as u64,
+            "container started"
+        );
+        Ok(Started {
+            output: attached.output,
+            input: attached.input,
+            started_at,
+            setup,
+            pid,
+        })
+    }
 
-        let output = attached.output;
-        let mut input = attached.input;
+    /// Runs a cold job's started container to its end: the egress proxy in proxy mode,
+    /// then the job's stdin and [`DockerBackend::supervise_started`].
+    #[allow(clippy::too_many_arguments)]
+    async fn run_started(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+        ready: &Ready,
+        image: &CheckedImage,
+        name: &str,
+        started: Started,
+        proxy_config: Option<Arc<airlock_proxy::ProxyConfig>>,
+    ) -> Result<RunReport, DockerError> {
         // Proxy mode: bind the proxy's socket in the container's own network namespace,
         // serve it, then release the program (it waits for one line on stdin).
         let proxy = match &proxy_config {
-            Some(config) => Some(self.start_proxy(docker, name, config.clone()).await?),
+            Some(config) => Some(
+                self.start_proxy(&ready.docker, name, config.clone())
+                    .await?,
+            ),
             None => None,
         };
         let mut stdin_bytes = Vec::new();
@@ -608,6 +683,38 @@ impl DockerBackend {
         if let Some(bytes) = &job.stdin {
             stdin_bytes.extend_from_slice(bytes);
         }
+        let mut report = self
+            .supervise_started(job, tap, ready, image, name, started, stdin_bytes)
+            .await?;
+        report.network = match proxy {
+            Some(proxy) => Some(proxy.shutdown().await.into_report()),
+            None => None,
+        };
+        Ok(report)
+    }
+
+    /// Runs a started container's job to its end through the supervision core, its wall
+    /// time from `started.started_at`: writes `stdin_bytes` to its stdin and closes it,
+    /// reads its output, kills it at a limit, and reads how it ended.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn supervise_started(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+        ready: &Ready,
+        image: &CheckedImage,
+        name: &str,
+        started: Started,
+        stdin_bytes: Vec<u8>,
+    ) -> Result<RunReport, DockerError> {
+        let docker = &ready.docker;
+        let Started {
+            output,
+            mut input,
+            started_at,
+            setup,
+            ..
+        } = started;
         // The writer holds the attach connection's write half: a job that never reads its
         // input would keep the connection (and the daemon's delivery of its output to it)
         // open past this job, so it ends with the job.
@@ -638,13 +745,15 @@ impl DockerBackend {
             JobOutput::new(&job.limits, tap),
         )
         .await?;
+        tracing::debug!(job_id = %job.id, "container stopped and its output drained");
         let limit_hit = supervised.limit_hit;
         let state = docker
             .inspect_container(name, None)
             .await
-            .map_err(engine("inspect"))?
+            .map_err(engine("inspect", name))?
             .state
             .unwrap_or_default();
+        tracing::debug!(job_id = %job.id, "container state read");
         let termination = match state.exit_code {
             Some(code) if code > SIGNAL_EXIT_BASE && code <= SIGNAL_EXIT_BASE + SIGNAL_MAX => {
                 Termination::Signaled((code - SIGNAL_EXIT_BASE) as i32)
@@ -678,11 +787,62 @@ impl DockerBackend {
             degraded: Vec::new(),
             out_files: Vec::new(),
             out_rejected: Vec::new(),
-            network: match proxy {
-                Some(proxy) => Some(proxy.shutdown().await.into_report()),
-                None => None,
-            },
+            network: None,
         })
+    }
+}
+
+/// The job's uid and gid, which own its input files.
+pub(crate) const JOB_IDS: IdMapping = IdMapping::Rootless {
+    host_uid: JOB_UID,
+    host_gid: JOB_UID,
+};
+
+/// Maps the daemon's failure of `operation` on `container` to [`DockerError::Engine`].
+pub(crate) fn engine(
+    operation: &'static str,
+    container: &str,
+) -> impl FnOnce(bollard::errors::Error) -> DockerError + use<> {
+    let container = container.to_owned();
+    move |source| DockerError::Engine {
+        operation,
+        container,
+        source,
+    }
+}
+
+/// What a container is made of besides its job directory: its image, the empty file that
+/// hides devices, the job's CA bundle when the proxy intercepts TLS, and `/out` when
+/// enabled.
+pub(crate) struct ContainerFiles<'a> {
+    pub(crate) image: &'a CheckedImage,
+    pub(crate) empty_file: &'a std::path::Path,
+    pub(crate) trust_bundle: Option<&'a std::path::Path>,
+    pub(crate) out: Option<&'a OutMount>,
+}
+
+/// A container that has started, attached before its start.
+pub(crate) struct Started {
+    output: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+    input: Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    /// When the start returned: a cold job's wall time counts from here.
+    started_at: Instant,
+    /// From the creation to the start.
+    pub(crate) setup: Duration,
+    /// The host pid of its first process, when it was read (warm containers, and on v1
+    /// for the memory group's check).
+    pub(crate) pid: Option<u32>,
+}
+
+impl Started {
+    /// The same container, its job's wall time counted from now (a warm container's
+    /// delivery), `setup` the time the delivery took before.
+    pub(crate) fn delivered(self, setup: Duration) -> Self {
+        Self {
+            started_at: Instant::now(),
+            setup,
+            ..self
+        }
     }
 }
 
@@ -792,7 +952,7 @@ impl OutputSource<DockerError> for AttachSource<'_> {
 }
 
 /// A task aborted when its handle is dropped: with the job's future, whoever drops it.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -807,19 +967,30 @@ pub(crate) async fn next<S: Stream + Unpin + ?Sized>(stream: &mut S) -> Option<S
 
 /// What is left of a job's sandbox once it ran: the container, its v1 memory group and
 /// the job directory.
-struct Leftovers {
-    docker: Docker,
-    tcp: TcpAccounting,
-    guard: ContainerGuard,
-    created_id: Option<String>,
-    name: String,
-    jobdir: JobDir,
+pub(crate) struct Leftovers {
+    pub(crate) docker: Docker,
+    pub(crate) tcp: TcpAccounting,
+    /// Removes the container if this is dropped before [`Leftovers::remove`].
+    pub(crate) guard: ContainerGuard,
+    pub(crate) created_id: Option<String>,
+    pub(crate) name: String,
+    pub(crate) jobdir: JobDir,
 }
 
 impl Leftovers {
+    /// The removal of what is left of job `job_id`'s sandbox, off the reply path.
+    pub(crate) fn teardown(self, job_id: String) -> Teardown {
+        Teardown::new(async move {
+            match self.remove(None).await {
+                Ok(()) => tracing::debug!(job_id = %job_id, "container removed"),
+                Err(e) => tracing::warn!(job_id = %job_id, error = %e, "container not removed"),
+            }
+        })
+    }
+
     /// Removes the container, then unmounts `/out` if it is still mounted, then removes the
     /// group and the directory. The first error is the container's removal.
-    async fn remove(self, out: Option<OutMount>) -> Result<(), DockerError> {
+    pub(crate) async fn remove(self, out: Option<OutMount>) -> Result<(), DockerError> {
         let removed = self.guard.remove(&self.docker).await;
         drop(out);
         // The runtime removes the group with the container it started; one that never

@@ -23,7 +23,32 @@ pub const CLIENT_TIMEOUT_SECS: u64 = 30;
 
 /// Force-removes a container (killing it if it runs) with its anonymous volumes. A
 /// container that is already gone is not an error.
+///
+/// A daemon may fail a removal that races the container's own end: Podman 4.3 answers 500
+/// "could not be stopped ... container state improper: stopped" when the container exits
+/// between its state check and its kill (seen removing warm containers at shutdown). The
+/// removal is tried again, at most [`REMOVE_ATTEMPTS`] times in all, [`REMOVE_RETRY_PAUSE`]
+/// apart; the last error is returned.
 pub async fn remove(docker: &Docker, name: &str) -> Result<(), DockerError> {
+    let mut attempt = 1;
+    loop {
+        match remove_once(docker, name).await {
+            Err(e) if attempt < REMOVE_ATTEMPTS => {
+                tracing::debug!(container = %name, error = %e, attempt, "removal failed; trying again");
+                tokio::time::sleep(REMOVE_RETRY_PAUSE).await;
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How many times [`remove`] asks the daemon before it gives up.
+pub const REMOVE_ATTEMPTS: u32 = 5;
+/// The pause between two attempts of [`remove`].
+pub const REMOVE_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+async fn remove_once(docker: &Docker, name: &str) -> Result<(), DockerError> {
     let options = RemoveContainerOptions {
         force: true,
         v: true,

@@ -230,6 +230,22 @@ pub enum DockerError {
         /// Which group it runs in instead.
         reason: String,
     },
+    /// A warm pool cannot be kept for this backend with this policy or on this host.
+    #[error("keep warm containers for the {backend} backend: {reason}")]
+    WarmPool {
+        /// The backend.
+        backend: &'static str,
+        /// Why, and what to change.
+        reason: String,
+    },
+    /// A warm container stopped before it could wait for a job.
+    #[error("warm container {container} {reason}")]
+    WarmStart {
+        /// The container.
+        container: String,
+        /// What happened to it.
+        reason: &'static str,
+    },
     /// A task of the backend failed.
     #[error("{0}")]
     Task(String),
@@ -246,7 +262,8 @@ impl DockerError {
             | DockerError::RuntimeNotHonoured { .. }
             | DockerError::ImageMissing { .. }
             | DockerError::TcpUnbounded { .. }
-            | DockerError::ProxyConfig(_) => ErrorKind::BackendUnavailable,
+            | DockerError::ProxyConfig(_)
+            | DockerError::WarmPool { .. } => ErrorKind::BackendUnavailable,
             DockerError::NotAnImage { .. }
             | DockerError::DigestMismatch { .. }
             | DockerError::FeatureUnavailable { .. } => ErrorKind::PolicyDenied,
@@ -264,6 +281,7 @@ impl DockerError {
             | DockerError::Task(_)
             | DockerError::TcpGroup { .. }
             | DockerError::TcpGroupNotUsed { .. }
+            | DockerError::WarmStart { .. }
             | DockerError::Proxy { .. } => ErrorKind::Internal,
         }
     }

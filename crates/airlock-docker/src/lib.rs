@@ -5,8 +5,10 @@
 //! `runsc` (`gvisor`). Images are used by digest only and checked before every job; output
 //! is read as a bounded stream; wall time and the output flood are enforced here; every
 //! container carries the label `airlock.managed=true` and is removed after its job, also
-//! when the job's future is dropped. It must never pull an image, never touch a container
-//! without airlock's label, and never hand the daemon's socket to a job.
+//! when the job's future is dropped. Warm containers ([`warm`]) are the same containers
+//! created and started ahead of their jobs, kept in the pool every backend shares. It must
+//! never pull an image, never touch a container without airlock's label, and never hand
+//! the daemon's socket to a job.
 #![forbid(unsafe_code)]
 
 pub mod backend;
@@ -20,6 +22,7 @@ pub mod outdir;
 pub mod seccomp;
 pub mod spec;
 pub mod tcp;
+pub mod warm;
 
 use std::fmt;
 

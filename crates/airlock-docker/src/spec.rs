@@ -28,6 +28,13 @@ pub const LABEL_JOB: &str = "airlock.job";
 pub const LABEL_BOOT: &str = "airlock.boot";
 /// The label holding the backend kind.
 pub const LABEL_BACKEND: &str = "airlock.backend";
+/// The label of a warm container (created and started before its job): `true`.
+pub const LABEL_WARM: &str = "airlock.warm";
+/// `CpuShares` of a warm container while it starts and waits: the smallest the engines
+/// take (runc and runsc write `cpu.shares` 2 on cgroup v1 and map it to `cpu.weight` 1 on
+/// v2), so a job running meanwhile is not slowed by the container made for the next one.
+/// Its job gets the kernel's default share ([`crate::warm`]).
+pub const WARM_CPU_SHARES: i64 = 2;
 /// RLIMIT_CORE of the job: 1, not 0, for the reason given at
 /// `airlock_native::backend::CORE_RLIMIT_BYTES`.
 pub const CORE_RLIMIT_BYTES: i64 = 1;
@@ -91,27 +98,46 @@ pub struct ContainerPlan<'a> {
     /// The daemon's `CgroupParent` for the container, when airlock creates its memory
     /// cgroup ([`crate::tcp`]); `None` for the daemon's default.
     pub cgroup_parent: Option<&'a str>,
+    /// The sandbox the container is: the job's id, or a warm container's own name (its
+    /// job comes later). Names the container and its `airlock.job` label, as it names the
+    /// job directory, which the stale-container sweep matches it with.
+    pub sandbox: &'a str,
+    /// A warm container: the program that waits for the job on stdin (the job's interpreter
+    /// and flags running the bootstrap, `airlock_core::warm::python`), run in place of the
+    /// job's argv. Everything else is the cold container's.
+    pub warm_argv: Option<&'a [String]>,
 }
 
-/// The labels of a job's container.
-pub fn labels(job: &JobSpec, flavor: Flavor, boot_id: &str) -> HashMap<String, String> {
-    HashMap::from([
+/// The labels of a sandbox's container (`sandbox`: the job id, or the warm container's
+/// name).
+pub fn labels(sandbox: &str, flavor: Flavor, boot_id: &str, warm: bool) -> HashMap<String, String> {
+    let mut labels = HashMap::from([
         (LABEL_MANAGED.to_owned(), "true".to_owned()),
-        (LABEL_JOB.to_owned(), job.id.to_string()),
+        (LABEL_JOB.to_owned(), sandbox.to_owned()),
         (LABEL_BOOT.to_owned(), boot_id.to_owned()),
         (LABEL_BACKEND.to_owned(), flavor.kind().to_string()),
-    ])
+    ]);
+    if warm {
+        labels.insert(LABEL_WARM.to_owned(), "true".to_owned());
+    }
+    labels
 }
 
-/// The container's name: unique per job, and telling whose it is in `docker ps`.
-pub fn container_name(job: &JobSpec) -> String {
-    format!("airlock-{}", job.id)
+/// The container's name: unique per sandbox (a job's id, or a warm container's name), and
+/// telling whose it is in `docker ps`.
+pub fn container_name(sandbox: &str) -> String {
+    format!("airlock-{sandbox}")
 }
 
 /// The command: [`ENV_WRAPPER`] `-i NAME=VALUE... argv...`.
 pub fn command(job: &JobSpec, proxy_port: Option<u16>) -> Vec<String> {
+    command_running(job, &job.argv, proxy_port)
+}
+
+/// [`command`] with `argv` as the program (a warm container's bootstrap).
+fn command_running(job: &JobSpec, argv: &[String], proxy_port: Option<u16>) -> Vec<String> {
     let env = job_env(job, proxy_port);
-    let mut cmd = Vec::with_capacity(env.len() + job.argv.len() + 6);
+    let mut cmd = Vec::with_capacity(env.len() + argv.len() + 6);
     if proxy_port.is_some() {
         // Proxy mode: the program waits for one line on stdin, which airlock sends once the
         // proxy listens inside the container's network namespace (which exists only once the
@@ -121,7 +147,7 @@ pub fn command(job: &JobSpec, proxy_port: Option<u16>) -> Vec<String> {
     cmd.push(ENV_WRAPPER.to_owned());
     cmd.push("-i".to_owned());
     cmd.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-    cmd.extend(job.argv.iter().cloned());
+    cmd.extend(argv.iter().cloned());
     cmd
 }
 
@@ -221,13 +247,15 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
         }
         Flavor::Docker => {}
     }
-    // Proxy mode always attaches stdin: the gate's line comes that way.
-    let has_stdin = job.stdin.is_some() || plan.proxy_port.is_some();
+    // Proxy mode always attaches stdin: the gate's line comes that way; so does a warm
+    // container's job.
+    let has_stdin = job.stdin.is_some() || plan.proxy_port.is_some() || plan.warm_argv.is_some();
+    let program = plan.warm_argv.unwrap_or(&job.argv);
     ContainerCreateBody {
         image: Some(plan.image_id.to_owned()),
         hostname: Some(HOSTNAME.to_owned()),
         user: Some(format!("{JOB_UID}:{JOB_UID}")),
-        entrypoint: Some(command(job, plan.proxy_port)),
+        entrypoint: Some(command_running(job, program, plan.proxy_port)),
         cmd: Some(Vec::new()),
         env: Some(
             job_env(job, plan.proxy_port)
@@ -236,7 +264,12 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
                 .collect(),
         ),
         working_dir: Some(WORKDIR.to_owned()),
-        labels: Some(labels(job, plan.flavor, plan.boot_id)),
+        labels: Some(labels(
+            plan.sandbox,
+            plan.flavor,
+            plan.boot_id,
+            plan.warm_argv.is_some(),
+        )),
         attach_stdin: Some(has_stdin),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
@@ -258,6 +291,7 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
             memory: Some(memory),
             memory_swap: Some(memory),
             nano_cpus: Some(i64::from(limits.cpus.millis()) * 1_000_000),
+            cpu_shares: plan.warm_argv.map(|_| WARM_CPU_SHARES),
             pids_limit: Some(pids_limit),
             ulimits: Some(ulimits),
             runtime: plan.runtime.map(str::to_owned),
@@ -306,6 +340,8 @@ mod tests {
             nproc_ceiling: Some(32768),
             proxy_port: None,
             cgroup_parent: None,
+            sandbox: "job-1",
+            warm_argv: None,
         }
     }
 
@@ -360,7 +396,63 @@ mod tests {
         assert_eq!(body.open_stdin, Some(false));
         let labels = body.labels.unwrap();
         assert_eq!(labels[LABEL_MANAGED], "true");
-        assert_eq!(labels[LABEL_JOB], job.id.to_string());
+        assert_eq!(labels[LABEL_JOB], "job-1");
+        assert!(!labels.contains_key(LABEL_WARM));
+        assert_eq!(host.cpu_shares, None, "the kernel's default share");
+    }
+
+    /// A warm container is the cold container's body but for what makes it wait: the
+    /// bootstrap as its program (after the same `env -i` and environment), stdin attached,
+    /// the lowest CPU share, and its label.
+    #[test]
+    fn a_warm_container_differs_from_a_cold_one_only_in_how_it_waits() {
+        let job = job(&Policy::builtin());
+        let warm_argv: Vec<String> = ["python3", "-I", "-u", "-c", "BOOTSTRAP"]
+            .map(String::from)
+            .to_vec();
+        for flavor in [Flavor::Docker, Flavor::Gvisor, Flavor::Podman] {
+            let cold = serde_json::to_value(container_body(&job, &plan(flavor))).unwrap();
+            let mut warm_plan = plan(flavor);
+            warm_plan.warm_argv = Some(&warm_argv);
+            let mut warm = serde_json::to_value(container_body(&job, &warm_plan)).unwrap();
+            let entrypoint = warm["Entrypoint"].as_array().unwrap().clone();
+            let cold_entrypoint = cold["Entrypoint"].as_array().unwrap();
+            let env_end = cold_entrypoint.len() - job.argv.len();
+            assert_eq!(
+                entrypoint[..env_end],
+                cold_entrypoint[..env_end],
+                "{flavor}"
+            );
+            assert_eq!(
+                entrypoint[env_end..],
+                warm_argv
+                    .iter()
+                    .map(|a| serde_json::json!(a))
+                    .collect::<Vec<_>>()[..]
+            );
+            assert_eq!(warm["HostConfig"]["CpuShares"], WARM_CPU_SHARES);
+            assert_eq!(warm["Labels"][LABEL_WARM], "true");
+            for (key, value) in [
+                ("AttachStdin", true),
+                ("OpenStdin", true),
+                ("StdinOnce", true),
+            ] {
+                assert_eq!(warm[key], value, "{key}");
+                assert_eq!(cold[key], false, "{key}");
+            }
+            // Everything else is the cold container's, field by field.
+            warm["Entrypoint"] = cold["Entrypoint"].clone();
+            assert_eq!(cold["HostConfig"].get("CpuShares"), None);
+            warm["HostConfig"]
+                .as_object_mut()
+                .unwrap()
+                .remove("CpuShares");
+            warm["Labels"].as_object_mut().unwrap().remove(LABEL_WARM);
+            for key in ["AttachStdin", "OpenStdin", "StdinOnce"] {
+                warm[key] = cold[key].clone();
+            }
+            assert_eq!(warm, cold, "{flavor}");
+        }
     }
 
     #[test]

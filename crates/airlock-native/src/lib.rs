@@ -17,9 +17,9 @@ mod init_program;
 pub mod minimal_root;
 mod mount_plan;
 pub mod plan;
-mod pool;
+pub mod pool;
 pub mod zygote;
 
 pub use backend::{NativeBackend, NativeConfig};
 pub use error::NativeError;
-pub use pool::{PoolConfig, PooledNative};
+pub use pool::{NativeWarm, PoolConfig, PooledNative};

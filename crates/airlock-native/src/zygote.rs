@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_cgroup::{CpuPriority, JobCgroup};
+use airlock_core::warm::python;
 use airlock_core::{JobId, JobSpec};
 use airlock_host::jobdir::JobDir;
 use airlock_sys::seccomp::FilterName;
@@ -354,19 +355,13 @@ impl RlimitBudgets {
 /// The zygote's `python3 <flags> -c PROGRAM` argv for `template`, or `None` unless the
 /// template's command ends with its source file.
 pub fn zygote_argv(template: &JobSpec, preload: &[String]) -> Option<Vec<String>> {
-    let (script, flags) = template.argv.split_last()?;
-    if *script != format!("{}/{}", airlock_core::job::WORKDIR, template.source_file) {
-        return None;
-    }
-    let mut argv = flags.to_vec();
-    argv.push("-c".to_owned());
-    argv.push(format!(
+    let program = format!(
         "{}{}{}",
-        crate::pool::PYTHON_PRELOAD,
-        crate::pool::PYTHON_RUN_JOB,
-        ZYGOTE_PY.replace("{MODULES}", &crate::pool::python_module_list(preload))
-    ));
-    Some(argv)
+        python::PYTHON_PRELOAD,
+        python::run_job_program(crate::plan::CONTROL_FD),
+        ZYGOTE_PY.replace("{MODULES}", &python::module_list(preload))
+    );
+    python::interpreter_running(template, program)
 }
 
 /// The template's plan: `plan` (a fresh sandbox's, for the template job) with the zygote as

@@ -125,7 +125,7 @@ impl Metrics {
         let warm_zygote = Family::<WarmLabels, Counter>::default();
         registry.register(
             "warm_pool_ready",
-            "Warm sandboxes started and waiting for a job ([native] warm_pool)",
+            "Warm sandboxes or containers started and waiting for a job ([native] warm_pool, [docker] warm_pool, gvisor_warm_pool, podman_warm_pool)",
             warm_ready.clone(),
         );
         registry.register(
@@ -135,7 +135,7 @@ impl Metrics {
         );
         registry.register(
             "warm_pool_sandboxes",
-            "Warm sandboxes started, failed to start, or found dead and discarded",
+            "Warm sandboxes or containers started, failed to start, or discarded (found dead, idle past warm_idle, or their CPU share not raised)",
             warm_sandboxes.clone(),
         );
         registry.register(

@@ -274,7 +274,7 @@ else:
 "#;
 
 conformance_on! {
-    [docker: Docker, podman: Podman]
+    [docker: Docker, podman: Podman, warm_docker: WarmDocker, warm_podman: WarmPodman]
 
     // The container engines refuse the `vm.memfd_noexec` sysctl the native backend sets, so
     // the seccomp profile for runc allows `memfd_create` only with `MFD_NOEXEC_SEAL`
@@ -292,7 +292,7 @@ conformance_on! {
 }
 
 conformance_on! {
-    [gvisor: Gvisor]
+    [gvisor: Gvisor, warm_gvisor: WarmGvisor]
 
     // gVisor's own kernel predates MFD_EXEC and MFD_NOEXEC_SEAL (Linux 6.3), so its profile
     // keeps `memfd_create` as the policy says, and a memfd the job writes stays executable
@@ -324,7 +324,9 @@ mod tcp {
     const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 
     conformance_on! {
-        [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor, podman: Podman]
+        [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor,
+         podman: Podman, warm_docker: WarmDocker, warm_gvisor: WarmGvisor,
+         warm_podman: WarmPodman]
 
         fn tcp_buffers_are_held_to_the_memory_limit(t: &Target) {
             let policy = t.policy_with("timeout = \"30s\"", "", "");
@@ -376,7 +378,7 @@ mod tcp {
                     "not cgroup v1 with TCP accounting: airlock creates no memory groups"
                 );
                 let name = format!("{:064x}", rand_id());
-                let dir = match t.kind {
+                let dir = match t.kind.base() {
                     Kind::Podman => format!("{V1_MEMORY}/airlock-podman/libpod-{name}"),
                     _ => format!("{V1_MEMORY}/airlock-docker/{name}"),
                 };

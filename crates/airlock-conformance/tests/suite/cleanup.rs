@@ -62,7 +62,7 @@ fn start_long_job(t: &Target, tag: &str, policy: &Path) -> (std::process::Child,
         .unwrap();
     let mut job = String::new();
     let started = eventually(30, || {
-        if t.kind == Kind::Kube {
+        if t.kind.base() == Kind::Kube {
             let Some(id) = kube_running_job_with(tag) else {
                 return false;
             };
@@ -91,7 +91,7 @@ fn assert_nothing_left(t: &Target, tag: &str, job: &str) {
         "job processes survived: {:?}",
         host_pids_with(tag)
     );
-    if t.kind == Kind::Kube {
+    if t.kind.base() == Kind::Kube {
         // airlock returns once the Pod is gone from the API, which the kubelet allows only
         // after it has stopped and removed the container.
         assert_eq!(
@@ -188,7 +188,7 @@ conformance! {
 
     fn a_killed_airlock_is_swept_by_the_next_run(t: &Target) {
         let tag = marker("sigkill");
-        if t.kind == Kind::Kube {
+        if t.kind.base() == Kind::Kube {
             return killed_airlock_leaves_its_pod_to_the_kubelet_deadline(t, &tag);
         }
         let (mut child, job) = start_long_job(t, &tag, &t.policy_with("timeout = \"60s\"", "", ""));
@@ -221,7 +221,7 @@ mod start {
         let message = run.obs["error"]["message"].as_str().unwrap();
         // Podman runs the OCI runtime when airlock attaches to the created container,
         // Docker when it starts it.
-        let step = if t.kind == Kind::Podman {
+        let step = if t.kind.base() == Kind::Podman {
             "attach to container"
         } else {
             "start container"
@@ -231,16 +231,17 @@ mod start {
     }
 
     conformance_on! {
-        [docker: Docker, gvisor: Gvisor, podman: Podman, kube: Kube]
+        [docker: Docker, gvisor: Gvisor, podman: Podman, kube: Kube,
+         warm_docker: WarmDocker, warm_gvisor: WarmGvisor, warm_podman: WarmPodman]
         fn a_container_that_fails_to_start_is_removed(t: &Target) {
-            if t.kind == Kind::Kube {
+            if t.kind.base() == Kind::Kube {
                 return a_pod_whose_image_is_missing_fails_and_is_removed(t);
             }
             // A runtime that fails when the container starts, registered by
             // scripts/ci/docker.sh: /bin/false with dockerd, runsc asked for a platform that
             // does not exist for gvisor; for podman, whose Docker-compatible API ignores the
             // runtime a request names, a second service with /bin/false as its default.
-            let policy = match t.kind {
+            let policy = match t.kind.base() {
                 Kind::Gvisor => t.policy_with("", "", "gvisor_runtime = \"airlock-broken-runsc\""),
                 Kind::Podman => {
                     let broken = std::env::var("AIRLOCK_PODMAN_BROKEN_SOCKET").unwrap_or_default();

@@ -21,6 +21,14 @@ pub enum Kind {
     /// warm sandbox cannot take (another language than Python, the egress proxy) run in
     /// a fresh sandbox there, and here too.
     Warm,
+    /// The docker backend's warm path (`airlock run --warm --backend docker`): each job
+    /// delivered to a container created and started before it, as `airlock serve`'s
+    /// `[docker] warm_pool` does; jobs a warm container cannot take run in a fresh one.
+    WarmDocker,
+    /// The same on gVisor.
+    WarmGvisor,
+    /// The same on Podman.
+    WarmPodman,
     /// The warm path with `[native] zygote = true` (`airlock run --warm` under such a
     /// policy): each job delivered to a sandbox forked from a zygote. Jobs a warm sandbox
     /// cannot take run in a fresh sandbox, as for `Warm`.
@@ -36,26 +44,38 @@ impl Kind {
             Kind::Podman => "podman",
             Kind::Kube => "kube",
             Kind::Warm => "warm",
+            Kind::WarmDocker => "warm_docker",
+            Kind::WarmGvisor => "warm_gvisor",
+            Kind::WarmPodman => "warm_podman",
             Kind::Zygote => "zygote",
         }
     }
 
     /// The `--backend` this kind runs on.
     pub fn backend(self) -> &'static str {
-        match self {
-            Kind::Warm | Kind::Zygote => "native",
-            other => other.name(),
-        }
+        self.base().name()
     }
 
-    /// Whether jobs run in the native backend's sandboxes (warm, forked or fresh).
-    pub fn is_native(self) -> bool {
-        matches!(self, Kind::Native | Kind::Warm | Kind::Zygote)
+    /// The kind whose fresh sandboxes this kind's warm ones are (itself for a cold kind):
+    /// what a check expects of a backend, it expects of its warm kind.
+    pub fn base(self) -> Kind {
+        match self {
+            Kind::Warm | Kind::Zygote => Kind::Native,
+            Kind::WarmDocker => Kind::Docker,
+            Kind::WarmGvisor => Kind::Gvisor,
+            Kind::WarmPodman => Kind::Podman,
+            cold => cold,
+        }
     }
 
     /// Whether jobs the warm path takes go through it (`airlock run --warm`).
     pub fn is_warm(self) -> bool {
-        matches!(self, Kind::Warm | Kind::Zygote)
+        self.base() != self
+    }
+
+    /// Whether jobs run in the native backend's sandboxes (warm, forked or fresh).
+    pub fn is_native(self) -> bool {
+        self.base() == Kind::Native
     }
 
     /// Whether the job runs from an image, in a container on the Docker or Podman daemon of
@@ -189,7 +209,7 @@ pub fn unavailable(kind: Kind) -> Option<String> {
     if !airlock_testkit::require::is_root() {
         return Some(format!("the {} backend needs root here", kind.name()));
     }
-    if kind == Kind::Kube {
+    if kind.base() == Kind::Kube {
         let Some(kubeconfig) = kubeconfig() else {
             return Some(format!(
                 "{KUBECONFIG_ENV} is not set (scripts/ci/kube.sh starts the fake cluster and sets it)"
@@ -211,7 +231,7 @@ pub fn unavailable(kind: Kind) -> Option<String> {
                 "{IMAGE_ENV} is not set (REF@sha256:… of a Debian 12 image with python3; scripts/ci/docker.sh builds one)"
             ));
         }
-        let socket = if kind == Kind::Podman {
+        let socket = if kind.base() == Kind::Podman {
             podman_socket()
         } else {
             docker_socket()
@@ -257,7 +277,7 @@ impl Target {
     /// through the warm path.
     pub fn backend_args(&self, args: &[&str]) -> Vec<&'static str> {
         let mut out = vec!["--backend", self.kind.backend()];
-        if self.kind.is_warm() && warm_fits(args) {
+        if self.kind.is_warm() && warm_fits(self.kind, args) {
             out.push("--warm");
         }
         out
@@ -402,9 +422,10 @@ impl Target {
     }
 }
 
-/// Whether a job with these `airlock run` arguments is one a warm sandbox takes: Python
-/// (the default language), no network.
-pub fn warm_fits(args: &[&str]) -> bool {
+/// Whether a job with these `airlock run` arguments is one a warm sandbox of `kind` takes:
+/// Python (the default language), no network, and on the container backends no `/out`
+/// (its tmpfs is mounted for each job; a warm container has none).
+pub fn warm_fits(kind: Kind, args: &[&str]) -> bool {
     let mut words = args.iter().take_while(|a| **a != "--");
     while let Some(word) = words.next() {
         match *word {
@@ -415,6 +436,7 @@ pub fn warm_fits(args: &[&str]) -> bool {
                 }
             }
             "--net" => return false,
+            "--out" if kind.is_container() => return false,
             "-c" | "--code" | "--file" | "--timeout" | "--memory" | "--cpus" | "--pids"
             | "--out" | "--stdin" | "--env" | "--allow" => {
                 words.next();
@@ -515,7 +537,7 @@ fn sandboxed(proc_dir: &Path) -> bool {
 /// The kube backend's containers are the fake kubelet's (label `airlock.kube-fake`): airlock
 /// itself creates Pods, never containers.
 pub fn airlock_containers(kind: Kind, job: Option<&str>) -> Vec<String> {
-    let socket = if kind == Kind::Podman {
+    let socket = if kind.base() == Kind::Podman {
         podman_socket()
     } else {
         docker_socket()
@@ -567,7 +589,7 @@ pub fn run_proxy_job(t: &Target, policy: &Path, values: &[(&str, &str)], args: &
 /// The observation of a proxy job that ran; `None` on a backend that refuses proxy jobs
 /// (gVisor, kube), after checking that it refused and said why.
 pub fn proxy_job_ran(t: &Target, run: JsonRun) -> Option<Value> {
-    if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
+    if matches!(t.kind.base(), Kind::Gvisor | Kind::Kube) {
         assert_eq!(run.obs["outcome"], "error", "{:#}", run.obs);
         assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
         assert!(
@@ -668,6 +690,9 @@ macro_rules! conformance {
         conformance!(@backend podman, Podman, $($name)*);
         conformance!(@backend kube, Kube, $($name)*);
         conformance!(@backend warm, Warm, $($name)*);
+        conformance!(@backend warm_docker, WarmDocker, $($name)*);
+        conformance!(@backend warm_gvisor, WarmGvisor, $($name)*);
+        conformance!(@backend warm_podman, WarmPodman, $($name)*);
         conformance!(@backend zygote, Zygote, $($name)*);
     };
     (@backend $module:ident, $kind:ident, $($name:ident)*) => {

@@ -61,7 +61,7 @@ conformance_on! {
             let digest = digest.rsplit('@').next().unwrap();
             assert!(image["detail"].as_str().unwrap().contains(digest), "{image:#}");
         }
-        if t.kind == Kind::Gvisor {
+        if t.kind.base() == Kind::Gvisor {
             let runtime = check(&report, "gvisor: runtime runsc");
             assert!(runtime["detail"].as_str().unwrap().contains("--oci-seccomp"), "{runtime:#}");
         }

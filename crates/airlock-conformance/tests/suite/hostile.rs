@@ -79,7 +79,9 @@ mod dev {
     const CONTAINER_TERMINAL_DEVICES: [&str; 2] = ["/dev/pts/ptmx c5:2", "/dev/tty c5:0"];
 
     conformance_on! {
-        [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor, podman: Podman]
+        [native: Native, warm: Warm, zygote: Zygote, docker: Docker, gvisor: Gvisor,
+         podman: Podman, warm_docker: WarmDocker, warm_gvisor: WarmGvisor,
+         warm_podman: WarmPodman]
 
         fn dev_holds_only_the_minimal_devices(t: &Target) {
             let run = t.run(&["-c", DEV_DEVICES]);

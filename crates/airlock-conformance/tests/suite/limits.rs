@@ -79,12 +79,18 @@ conformance! {
         let slack = match t.kind {
             Kind::Native => 2,
             Kind::Warm | Kind::Zygote => 5,
-            Kind::Docker | Kind::Gvisor | Kind::Podman | Kind::Kube => 20,
+            Kind::Docker
+            | Kind::Gvisor
+            | Kind::Podman
+            | Kind::Kube
+            | Kind::WarmDocker
+            | Kind::WarmGvisor
+            | Kind::WarmPodman => 20,
         };
         assert!(elapsed < Duration::from_secs(slack), "took {elapsed:?}");
         let duration = run.obs["duration_ms"].as_u64().unwrap();
         // gVisor's sandbox takes up to ~0.6 s to die after SIGKILL.
-        let kill_ms = if t.kind == Kind::Gvisor { 1000 } else { 500 };
+        let kill_ms = if t.kind.base() == Kind::Gvisor { 1000 } else { 500 };
         assert!((1000..1000 + kill_ms).contains(&duration), "duration_ms {duration}");
     }
 
@@ -120,7 +126,7 @@ conformance! {
     }
 
     fn fork_bomb_is_held_at_the_pids_limit(t: &Target) {
-        if t.kind == Kind::Kube {
+        if t.kind.base() == Kind::Kube {
             assert_pids_degraded(t);
         } else {
             let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", FORK_COUNTER]);
@@ -135,13 +141,13 @@ conformance! {
         // kernel than in Linux, so the bomb may end as oom before the clock runs out; on
         // kube only the node's pids limit holds it (the fake node's: 128), above 64.
         let outcome = run.obs["outcome"].as_str().unwrap();
-        let allowed: &[&str] = if matches!(t.kind, Kind::Gvisor | Kind::Kube) { &["timeout", "oom"] } else { &["timeout"] };
+        let allowed: &[&str] = if matches!(t.kind.base(), Kind::Gvisor | Kind::Kube) { &["timeout", "oom"] } else { &["timeout"] };
         assert!(allowed.contains(&outcome), "{:#}", run.obs);
         assert_eq!(host_pids_with(&tag), Vec::<u32>::new(), "bomb processes survived");
     }
 
     fn thread_bomb_is_held_at_the_pids_limit(t: &Target) {
-        if t.kind == Kind::Kube {
+        if t.kind.base() == Kind::Kube {
             return assert_pids_degraded(t);
         }
         let run = t.run(&["--timeout", "4s", "--pids", "16", "-c", THREAD_COUNTER]);

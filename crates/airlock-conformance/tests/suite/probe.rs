@@ -28,7 +28,7 @@ fn run_probe_obs(t: &Target, filesystem: &str, extra: &[&str]) -> (ProbeReport, 
         .args(t.backend_args(&[]))
         .arg("--policy")
         .arg(&policy);
-    let probe = if t.kind == Kind::Kube {
+    let probe = if t.kind.base() == Kind::Kube {
         KUBE_PROBE_PATH.to_owned()
     } else {
         let probe = airlock_testkit::require_probe()
@@ -77,7 +77,7 @@ fn degraded(obs: &serde_json::Value) -> Vec<String> {
 /// its read-only binds and root.
 fn assert_write_refused(t: &Target, outcome: &Outcome, path: &str) {
     let errno = outcome.errno_name();
-    let ok = match t.kind {
+    let ok = match t.kind.base() {
         Kind::Gvisor => matches!(errno, Some("EROFS" | "EACCES")),
         _ => errno == Some("EROFS"),
     };
@@ -100,7 +100,7 @@ conformance! {
         // Capabilities, no_new_privs, seccomp. gVisor's /proc/self/status has no
         // capability or seccomp lines (its kernel does not report them); the denied
         // syscalls below show its filter instead.
-        match (&r.status, t.kind) {
+        match (&r.status, t.kind.base()) {
             (None, Kind::Gvisor) => {}
             (status, _) => {
                 let status = status.as_ref().expect("/proc/self/status");
@@ -117,7 +117,7 @@ conformance! {
         for path in ["/", "/work", "/usr", "/etc"] {
             assert_write_refused(t, &r.writes[path], path);
         }
-        if t.kind != Kind::Gvisor {
+        if t.kind.base() != Kind::Gvisor {
             // gVisor's mount table shows its 9p root and binds without "ro"; the gofer
             // refuses the writes (above).
             for path in ["/", "/work", "/usr", "/etc"] {
@@ -128,7 +128,7 @@ conformance! {
             // Nor nosuid, nodev: the fake kubelet's Docker tmpfs has them, a kubelet's
             // does not, so they are not claimed here (no_new_privs and the dropped
             // capabilities make set-id files and device nodes inert; docs/kube.md).
-            if t.kind == Kind::Kube {
+            if t.kind.base() == Kind::Kube {
                 assert_eq!(r.mounts["/tmp"].noexec, Some(false));
             } else {
                 assert_eq!(r.mounts["/tmp"].noexec, Some(true));
@@ -139,7 +139,7 @@ conformance! {
         assert_eq!(r.mounts["/tmp"].read_only, Some(false));
         assert!(r.writes["/tmp"].is_ok());
         let exec = r.tmp_exec.exec.as_ref().expect("exec from /tmp tried");
-        if t.kind == Kind::Kube {
+        if t.kind.base() == Kind::Kube {
             assert!(exec.is_ok(), "exec from /tmp: {exec:?}");
             assert!(degraded(&obs).contains(&"tmp_exec".to_owned()), "{:?}", degraded(&obs));
         } else {
@@ -153,7 +153,7 @@ conformance! {
         // kubelet gives its containers no network at all; a real Pod has an interface whose
         // egress only the namespace's NetworkPolicy denies, `network_policy` below, proven
         // by airlock-kube's real-cluster suite.)
-        if t.kind == Kind::Kube {
+        if t.kind.base() == Kind::Kube {
             assert!(degraded(&obs).contains(&"network_policy".to_owned()), "{:?}", degraded(&obs));
         }
         assert_eq!(r.network.interfaces.as_deref(), Some(&["lo".to_owned()][..]));
@@ -169,7 +169,7 @@ conformance! {
         if !t.kind.is_container() {
             hidden.push("/sys");
         }
-        if t.kind == Kind::Podman {
+        if t.kind.base() == Kind::Podman {
             // Podman always mounts /run and /var/tmp; airlock makes them empty and
             // read-only (see airlock-docker's spec).
             hidden.retain(|p| *p != "/run" && *p != "/var");

@@ -433,7 +433,7 @@ conformance! {
         );
         let narrowed = format!("api.test:{port}");
         let run = run_proxy_with(t, &policy, &["--allow", &narrowed], &source);
-        if matches!(t.kind, Kind::Gvisor | Kind::Kube) {
+        if matches!(t.kind.base(), Kind::Gvisor | Kind::Kube) {
             assert_eq!(run.obs["error"]["kind"], "policy_denied", "{:#}", run.obs);
             return;
         }

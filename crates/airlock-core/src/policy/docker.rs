@@ -1,8 +1,13 @@
 //! `[docker]`: the Engine API backends' daemon sockets and OCI runtimes.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::LanguageSpec;
+use crate::units::duration_serde;
 
 /// Settings of the Engine API backends: where their daemons listen and which OCI runtime
 /// each uses. The job never sees any of this; the sockets stay on the host.
@@ -22,6 +27,19 @@ pub struct DockerPolicy {
     pub gvisor_runtime: String,
     /// The OCI runtime of `--backend podman`; empty: the service's default.
     pub podman_runtime: String,
+    /// Containers `airlock serve` and `airlock mcp` keep created and started ahead of time
+    /// for `warm_language` jobs of `--backend docker`, each of a cold job's shape and used
+    /// for one job only. 0 (the default) creates every container on demand.
+    pub warm_pool: u32,
+    /// The same for `--backend gvisor`.
+    pub gvisor_warm_pool: u32,
+    /// The same for `--backend podman`.
+    pub podman_warm_pool: u32,
+    /// The language warm containers are started for; its interpreter must be Python.
+    pub warm_language: String,
+    /// How long a warm container may wait for its job; older ones are removed and replaced.
+    #[serde(with = "duration_serde")]
+    pub warm_idle: Duration,
 }
 
 impl DockerPolicy {
@@ -30,7 +48,30 @@ impl DockerPolicy {
     /// The Docker daemon's socket when `docker_socket` is empty and `DOCKER_HOST` unset.
     pub const DEFAULT_DOCKER_SOCKET: &'static str = "/var/run/docker.sock";
 
-    pub(super) fn check(&self) -> Result<(), (&'static str, String)> {
+    /// The warm pool size of a container backend (0 for the others).
+    pub fn warm_pool_of(&self, backend: crate::BackendKind) -> u32 {
+        match backend {
+            crate::BackendKind::Docker => self.warm_pool,
+            crate::BackendKind::Gvisor => self.gvisor_warm_pool,
+            crate::BackendKind::Podman => self.podman_warm_pool,
+            crate::BackendKind::Native | crate::BackendKind::Kube => 0,
+        }
+    }
+
+    pub(super) fn check(
+        &self,
+        languages: &BTreeMap<String, LanguageSpec>,
+    ) -> Result<(), (&'static str, String)> {
+        super::warm::check_warm(
+            &[
+                ("warm_pool", self.warm_pool),
+                ("gvisor_warm_pool", self.gvisor_warm_pool),
+                ("podman_warm_pool", self.podman_warm_pool),
+            ],
+            self.warm_idle,
+            &self.warm_language,
+            languages,
+        )?;
         for (field, path, may_be_empty) in [
             ("docker_socket", &self.docker_socket, true),
             ("podman_socket", &self.podman_socket, false),
@@ -80,6 +121,11 @@ impl Default for DockerPolicy {
             runtime: "runc".to_owned(),
             gvisor_runtime: "runsc".to_owned(),
             podman_runtime: String::new(),
+            warm_pool: 0,
+            gvisor_warm_pool: 0,
+            podman_warm_pool: 0,
+            warm_language: "python".to_owned(),
+            warm_idle: Duration::from_secs(600),
         }
     }
 }
@@ -109,5 +155,35 @@ mod tests {
         assert_eq!(p.docker.docker_socket, PathBuf::from("/srv/d.sock"));
         assert_eq!(p.docker.podman_runtime, "crun");
         assert_eq!(p.docker.gvisor_runtime, "runsc");
+    }
+
+    #[test]
+    fn warm_pools_are_per_backend_and_off_by_default() {
+        use crate::BackendKind;
+        let p = Policy::builtin();
+        for kind in [
+            BackendKind::Docker,
+            BackendKind::Gvisor,
+            BackendKind::Podman,
+        ] {
+            assert_eq!(p.docker.warm_pool_of(kind), 0);
+        }
+        let p = Policy::from_toml(
+            "version = \"t\"\n[docker]\nwarm_pool = 2\ngvisor_warm_pool = 3\nwarm_idle = \"1m\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.docker.warm_pool_of(BackendKind::Docker), 2);
+        assert_eq!(p.docker.warm_pool_of(BackendKind::Gvisor), 3);
+        assert_eq!(p.docker.warm_pool_of(BackendKind::Podman), 0);
+        assert_eq!(p.docker.warm_idle, Duration::from_secs(60));
+        for bad in [
+            "podman_warm_pool = 65",
+            "warm_idle = \"0s\"",
+            "warm_pool = 1\nwarm_language = \"sh\"",
+        ] {
+            let text = format!("version = \"t\"\n[docker]\n{bad}\n");
+            assert!(Policy::from_toml(&text, "t").is_err(), "{bad}");
+        }
     }
 }

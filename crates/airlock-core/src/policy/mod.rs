@@ -27,6 +27,7 @@ mod native;
 mod network;
 mod redaction;
 mod sessions;
+mod warm;
 
 pub use audit::AuditPolicy;
 pub use docker::DockerPolicy;
@@ -176,7 +177,7 @@ impl Policy {
             .check(&self.languages)
             .map_err(|(field, reason)| bad(&format!("native.{field}"), reason))?;
         self.docker
-            .check()
+            .check(&self.languages)
             .map_err(|(field, reason)| bad(&format!("docker.{field}"), reason))?;
         self.kube
             .check()

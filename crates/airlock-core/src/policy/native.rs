@@ -83,11 +83,11 @@ impl NativePolicy {
     /// The lowest allowed base: below it lie real accounts and subuid ranges.
     pub const HOST_UID_BASE_MIN: u32 = 1_000_000;
     /// The largest warm pool (each warm sandbox holds an interpreter's memory).
-    pub const WARM_POOL_MAX: u32 = 64;
+    pub const WARM_POOL_MAX: u32 = super::warm::WARM_POOL_MAX;
     /// The shortest idle lifetime: below it the pool would spend its time restarting.
-    pub const WARM_IDLE_MIN: Duration = Duration::from_secs(1);
+    pub const WARM_IDLE_MIN: Duration = super::warm::WARM_IDLE_MIN;
     /// The longest idle lifetime.
-    pub const WARM_IDLE_MAX: Duration = Duration::from_secs(24 * 3600);
+    pub const WARM_IDLE_MAX: Duration = super::warm::WARM_IDLE_MAX;
     /// The most modules `warm_preload` may name.
     pub const WARM_PRELOAD_MAX: usize = 32;
 
@@ -117,22 +117,12 @@ impl NativePolicy {
                 ),
             ));
         }
-        if self.warm_pool > Self::WARM_POOL_MAX {
-            return Err((
-                "warm_pool",
-                format!("must be at most {}", Self::WARM_POOL_MAX),
-            ));
-        }
-        if !(Self::WARM_IDLE_MIN..=Self::WARM_IDLE_MAX).contains(&self.warm_idle) {
-            return Err((
-                "warm_idle",
-                format!(
-                    "must be between {}s and {}s",
-                    Self::WARM_IDLE_MIN.as_secs(),
-                    Self::WARM_IDLE_MAX.as_secs()
-                ),
-            ));
-        }
+        super::warm::check_warm(
+            &[("warm_pool", self.warm_pool)],
+            self.warm_idle,
+            &self.warm_language,
+            languages,
+        )?;
         if self.warm_preload.len() > Self::WARM_PRELOAD_MAX {
             return Err((
                 "warm_preload",
@@ -146,30 +136,6 @@ impl NativePolicy {
                     "{bad:?} is not a Python module name (dotted identifiers, e.g. \"numpy\" or \"os.path\")"
                 ),
             ));
-        }
-        if self.warm_pool > 0 {
-            let language = languages.get(&self.warm_language);
-            let python = language.is_some_and(|l| {
-                let program = l.command[0].rsplit('/').next().unwrap_or_default();
-                program.starts_with("python")
-                    && l.command.last().map(String::as_str) == Some(LanguageSpec::FILE_PLACEHOLDER)
-                    && l.command
-                        .iter()
-                        .filter(|a| a.contains(LanguageSpec::FILE_PLACEHOLDER))
-                        .count()
-                        == 1
-            });
-            if !python {
-                return Err((
-                    "warm_language",
-                    format!(
-                        "{:?} must be a language whose command is a Python interpreter with \
-                         {} as its last argument (warm sandboxes start Python ahead of the job)",
-                        self.warm_language,
-                        LanguageSpec::FILE_PLACEHOLDER
-                    ),
-                ));
-            }
         }
         Ok(())
     }

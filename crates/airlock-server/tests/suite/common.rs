@@ -324,3 +324,233 @@ pub async fn wait_health(server: &Server, check: impl Fn(&Value) -> bool) -> Val
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One series of `/metrics` (0 when absent).
+pub async fn metric(server: &Server, series: &str) -> u64 {
+    let text = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Waits until the server's warm pool has `want` sandboxes ready (a gVisor container
+/// takes a second to start; the bound only catches a pool that never fills).
+pub async fn wait_ready(server: &Server, want: u64) {
+    let start = Instant::now();
+    while metric(server, "airlock_warm_pool_ready").await < want {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the warm pool never had {want} sandboxes ready:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs a job of 2 s on `server` and reads a CPU share with `read` while it runs, until
+/// it reads `normal` or the job ends: the last value read, and the job's observation.
+pub async fn cpu_share_during_a_job(
+    server: &Server,
+    normal: &str,
+    read: impl Fn() -> Option<String>,
+) -> (Option<String>, Value) {
+    let job = spawn_run(
+        server,
+        python("import time\nprint('running', flush=True)\ntime.sleep(2)\n"),
+    );
+    let start = Instant::now();
+    let mut seen = None;
+    while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
+        seen = read();
+        if seen.as_deref() == Some(normal) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (seen, job.await.unwrap())
+}
+
+/// Jobs that ran in a warm sandbox.
+pub async fn hits(server: &Server) -> u64 {
+    metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
+}
+
+/// The warm pools' equivalence probe: what a job can observe about its interpreter, its `__main__`, its descriptors and its
+/// container. Descriptor targets and mount options are kept with their inode numbers and
+/// host paths taken out (they differ between any two containers).
+pub const WARM_PROBE: &str = r#"
+import fcntl, json, os, re, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+def fds():
+    out = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            target = re.sub(r"\d+", "N", os.readlink("/proc/self/fd/" + fd))
+            out.append([fd, target, oct(fcntl.fcntl(int(fd), fcntl.F_GETFL))])
+        except OSError as e:
+            out.append([fd, e.strerror])
+    return out
+def mounts():
+    out = []
+    for line in open("/proc/self/mounts"):
+        source, point, fstype, options = line.split()[:4]
+        out.append([point, fstype, [o for o in options.split(",") if "/" not in o]])
+    # The engines order a container's tmpfs mounts and binds as they like.
+    return sorted(out)
+def cgroup_files():
+    out = {}
+    for path in ["/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/pids/pids.max",
+                 "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.shares",
+                 "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/cpu.max",
+                 "/sys/fs/cgroup/cpu.weight"]:
+        try:
+            out[path] = open(path).read().strip()
+        except OSError as e:
+            out[path] = e.strerror
+    return out
+print(json.dumps({
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
+    "doc": __doc__, "package": __package__, "spec": repr(__spec__),
+    "loader": type(__loader__).__name__, "globals": sorted(globals()),
+    "path": sys.path, "flags": repr(sys.flags), "modules": sorted(sys.modules),
+    "env": dict(os.environ), "cwd": os.getcwd(), "ids": [os.getuid(), os.getgid(), os.getgroups()],
+    "fds": fds(), "stdin": sys.stdin.read(), "umask": os.umask(0o22),
+    "caps": [status(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+    "no_new_privs": status("NoNewPrivs"), "seccomp": status("Seccomp"),
+    "filters": status("Seccomp_filters"), "pid": os.getpid(), "ppid": os.getppid(),
+    "sid": os.getsid(0), "pgrp": os.getpgrp(),
+    "procs": sorted(p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())),
+    "rlimits": [__import__("resource").getrlimit(r) for r in range(16)],
+    "hostname": os.uname().nodename, "mounts": mounts(), "cgroup": cgroup_files(),
+    "work": sorted(os.listdir(".")), "tmp": sorted(os.listdir("/tmp")),
+    "dev": sorted(os.listdir("/dev")), "data": open("data.txt").read(),
+    "writable": [os.access(p, os.W_OK) for p in ("/", "/work", "/tmp", "/dev/shm")],
+}, sort_keys=True))
+"#;
+
+/// Runs each of `cases` on a `cold` server (no pool) and on a `warm` one (each once the
+/// pool has `pool` ready again) and checks that the warm job saw what the cold one did:
+/// the outcome, the exit, stderr and `same` fields of the observation, and stdout; a
+/// stdout that is a JSON object ([`WARM_PROBE`]'s report) is compared whole, but for the
+/// `may_differ` keys and what `adjust(warm, cold)` declares may differ (it checks the
+/// warm report's value and edits the reports to compare).
+pub async fn assert_warm_sees_what_cold_sees(
+    cold: &Server,
+    warm: &Server,
+    pool: u64,
+    cases: &[Value],
+    same: &[&str],
+    may_differ: &[&str],
+    adjust: impl Fn(&mut Value, &mut Value),
+) {
+    for (i, case) in cases.iter().enumerate() {
+        let want = post_run(cold, None, case).await;
+        let got = post_run(warm, None, case).await;
+        assert_eq!(want.status, 200, "cold #{i}: {:#}", want.body);
+        assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
+        for key in ["ok", "outcome", "exit_code", "signal", "stderr"]
+            .iter()
+            .chain(same)
+        {
+            assert_eq!(
+                got.body[key], want.body[key],
+                "#{i} {key}: warm {:#} cold {:#}",
+                got.body, want.body
+            );
+        }
+        let (out_warm, out_cold) = (&got.body["stdout"], &want.body["stdout"]);
+        match serde_json::from_str::<Value>(out_cold.as_str().unwrap_or("")) {
+            Ok(mut cold_probe) if cold_probe.is_object() => {
+                let mut warm_probe: Value = serde_json::from_str(out_warm.as_str().unwrap())
+                    .unwrap_or_else(|e| panic!("#{i}: {e}: {:#}", got.body));
+                for key in may_differ {
+                    assert!(!warm_probe[key].is_null() && !cold_probe[key].is_null());
+                    warm_probe[key] = Value::Null;
+                    cold_probe[key] = Value::Null;
+                }
+                adjust(&mut warm_probe, &mut cold_probe);
+                pretty_assertions::assert_eq!(warm_probe, cold_probe, "#{i}");
+            }
+            _ => assert_eq!(out_warm, out_cold, "#{i}"),
+        }
+        // A warm job's setup happened before it was delivered.
+        assert!(got.body["duration_ms"].as_u64().is_some(), "{:#}", got.body);
+        wait_ready(warm, pool).await;
+    }
+    assert_eq!(hits(warm).await, cases.len() as u64, "{}", warm.log());
+    assert_eq!(
+        metric(warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
+        0
+    );
+    assert_eq!(metric(cold, "airlock_warm_pool_ready").await, 0);
+}
+
+/// Runs on `warm` jobs its pool does not fit (other limits, another language, and
+/// `extra`), each printing `1`, checks they ran in fresh sandboxes (counted unfit, no
+/// hit), and that a 128 MiB limit is really the job's.
+pub async fn assert_unfit_jobs_run_fresh(warm: &Server, extra: &[Value]) {
+    let hits_before = hits(warm).await;
+    let mut unfit = vec![
+        serde_json::json!({"language": "python", "code": "print(1)", "memory": "128MiB"}),
+        serde_json::json!({"language": "python", "code": "print(1)", "pids": 8}),
+        serde_json::json!({"language": "sh", "code": "echo 1"}),
+    ];
+    unfit.extend_from_slice(extra);
+    for case in &unfit {
+        let answer = post_run(warm, None, case).await;
+        assert_eq!(answer.body["outcome"], "exited", "{:#}", answer.body);
+        assert_eq!(answer.body["stdout"], "1\n", "{:#}", answer.body);
+    }
+    assert_eq!(hits(warm).await, hits_before);
+    assert_eq!(
+        metric(warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
+        unfit.len() as u64
+    );
+    // The 128 MiB limit is really the job's: it is not a warm sandbox with the default.
+    let big = post_run(
+        warm,
+        None,
+        &serde_json::json!({"language": "python", "code": "b = bytearray(200 << 20)\nprint('no')", "memory": "128MiB"}),
+    )
+    .await;
+    assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
+}
+
+/// A job leaves a module attribute and files in `/tmp` (and `/work` where it may write)
+/// on `warm`; the next, sent once the pool has `pool` ready again and after waiting
+/// longer than the 3 s limit of the warm tests' policies (which the job must not pay),
+/// finds none of it: each warm sandbox serves one job.
+pub async fn assert_nothing_carries_to_the_next_job(warm: &Server, pool: u64) {
+    let leave = post_run(
+        warm,
+        None,
+        &python("import builtins, os\nbuiltins.left_behind = 1\nopen('/tmp/marker', 'w').write('x')\nopen('/work/marker', 'w').write('x') if os.access('/work', os.W_OK) else None\nprint('wrote')\n"),
+    )
+    .await;
+    assert_eq!(leave.body["outcome"], "exited", "{:#}", leave.body);
+    assert_eq!(leave.body["stdout"], "wrote\n", "{:#}", leave.body);
+    wait_ready(warm, pool).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let look = post_run(
+        warm,
+        None,
+        &python("import builtins, os\nprint(hasattr(builtins, 'left_behind'), os.path.exists('/tmp/marker'), os.path.exists('/work/marker'), sorted(os.listdir('/work')))\n"),
+    )
+    .await;
+    assert_eq!(look.body["outcome"], "exited", "{:#}", look.body);
+    assert_eq!(
+        look.body["stdout"], "False False False ['main.py']\n",
+        "{:#}",
+        look.body
+    );
+}

@@ -8,4 +8,5 @@ mod slow;
 mod sse;
 mod teardown;
 mod warm;
+mod warm_containers;
 mod zygote;

@@ -29,66 +29,13 @@ fn server(warm_pool: u64) -> Server {
     })
 }
 
-/// One series of `/metrics` (0 when absent).
-pub(super) async fn metric(server: &Server, series: &str) -> u64 {
-    let text = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
-pub(super) async fn wait_ready(server: &Server, want: u64) {
-    let start = Instant::now();
-    while metric(server, "airlock_warm_pool_ready").await < want {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the warm pool never had {want} sandboxes ready:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub(super) async fn hits(server: &Server) -> u64 {
-    metric(server, "airlock_warm_pool_jobs_total{result=\"hit\"}").await
-}
-
-/// What a job can observe about its interpreter, its `__main__` and its sandbox.
-const PROBE: &str = r#"
-import json, os, sys
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return line.split(":", 1)[1].strip()
-print(json.dumps({
-    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
-    "doc": __doc__, "package": __package__, "spec": repr(__spec__),
-    "loader": type(__loader__).__name__, "globals": sorted(globals()),
-    "path": sys.path, "flags": repr(sys.flags), "modules": sorted(sys.modules),
-    "env": dict(os.environ), "cwd": os.getcwd(), "ids": [os.getuid(), os.getgid(), os.getgroups()],
-    "fds": sorted(os.listdir("/proc/self/fd")), "stdin": sys.stdin.read(),
-    "caps": [status(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
-    "no_new_privs": status("NoNewPrivs"), "seccomp": status("Seccomp"),
-    "filters": status("Seccomp_filters"), "pid": os.getpid(),
-    "rlimits": [__import__("resource").getrlimit(r) for r in range(16)],
-    "files": sorted(os.listdir(".")), "data": open("data.txt").read(),
-}, sort_keys=True))
-"#;
-
-/// The jobs whose outcome, output and (the probe's) view of the sandbox a warm or forked
-/// sandbox must give exactly as a fresh one does.
+/// The jobs whose outcome, output and ([`WARM_PROBE`]'s) view of the sandbox a warm or
+/// forked native sandbox must give exactly as a fresh one does.
 pub(super) fn equivalence_cases() -> Vec<Value> {
     vec![
-        json!({"language": "python", "code": PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
+        json!({"language": "python", "code": WARM_PROBE, "args": ["a b", "", "ü"], "stdin": "in\n",
                "files": [{"path": "data.txt", "content": "data"}]}),
-        json!({"language": "python", "code": PROBE,
+        json!({"language": "python", "code": WARM_PROBE,
                "files": [{"path": "data.txt", "content": "x"}]}),
         python("def f():\n    raise ValueError('boom')\nf()\n"),
         python("x = (\n"),
@@ -102,48 +49,6 @@ pub(super) fn equivalence_cases() -> Vec<Value> {
     ]
 }
 
-/// Runs each case on `fresh` and on `other` (a warm pool of `pool`, refilled between
-/// cases) and asserts the same outcome, exit, signal, stderr and stdout; for the probe's
-/// report, the same but for the pid, and for what `adjust(other, fresh)` declares may
-/// differ (it edits the reports to compare).
-pub(super) async fn assert_same_as_fresh(
-    fresh: &Server,
-    other: &Server,
-    cases: &[Value],
-    pool: u64,
-    adjust: impl Fn(&mut Value, &mut Value),
-) {
-    for (i, case) in cases.iter().enumerate() {
-        let want = post_run(fresh, None, case).await;
-        let got = post_run(other, None, case).await;
-        assert_eq!(want.status, 200, "fresh #{i}: {:#}", want.body);
-        assert_eq!(got.status, 200, "warm #{i}: {:#}", got.body);
-        for key in ["ok", "outcome", "exit_code", "signal", "stderr"] {
-            assert_eq!(
-                got.body[key], want.body[key],
-                "#{i} {key}: warm {:#} fresh {:#}",
-                got.body, want.body
-            );
-        }
-        let (out_warm, out_fresh) = (&got.body["stdout"], &want.body["stdout"]);
-        match serde_json::from_str::<Value>(out_fresh.as_str().unwrap_or("")) {
-            Ok(mut fresh_probe) if fresh_probe.is_object() => {
-                let mut warm_probe: Value =
-                    serde_json::from_str(out_warm.as_str().unwrap()).unwrap();
-                assert!(warm_probe["pid"].is_u64() && fresh_probe["pid"].is_u64());
-                warm_probe["pid"] = Value::Null;
-                fresh_probe["pid"] = Value::Null;
-                adjust(&mut warm_probe, &mut fresh_probe);
-                pretty_assertions::assert_eq!(warm_probe, fresh_probe, "#{i}");
-            }
-            _ => assert_eq!(out_warm, out_fresh, "#{i}"),
-        }
-        // A warm job's setup happened before it was delivered.
-        assert!(got.body["duration_ms"].as_u64().is_some(), "{:#}", got.body);
-        wait_ready(other, pool).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
     require_server!();
@@ -153,13 +58,7 @@ async fn warm_jobs_see_exactly_what_fresh_jobs_see() {
     let cases = equivalence_cases();
     // The only thing that may differ: the pid in the job's pid namespace (the warm
     // sandbox's job process is the same one, started earlier).
-    assert_same_as_fresh(&cold, &warm, &cases, POOL, |_, _| {}).await;
-    assert_eq!(hits(&warm).await, cases.len() as u64, "{}", warm.log());
-    assert_eq!(
-        metric(&warm, "airlock_warm_pool_jobs_total{result=\"miss\"}").await,
-        0
-    );
-    assert_eq!(metric(&cold, "airlock_warm_pool_ready").await, 0);
+    assert_warm_sees_what_cold_sees(&cold, &warm, POOL, &cases, &[], &["pid"], |_, _| {}).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,28 +66,7 @@ async fn the_wall_clock_starts_at_delivery_and_each_sandbox_serves_one_job() {
     require_server!();
     let warm = server(POOL);
     wait_ready(&warm, POOL).await;
-    // Waiting longer than the 3 s limit in the pool costs the job nothing.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let leave = post_run(
-        &warm,
-        None,
-        &python("import builtins, os\nbuiltins.left_behind = 1\nopen('/tmp/marker', 'w').write('x')\nopen('/work/marker', 'w').write('x') if os.access('/work', os.W_OK) else None\nprint('wrote')\n"),
-    )
-    .await;
-    assert_eq!(leave.body["outcome"], "exited", "{:#}", leave.body);
-    assert_eq!(leave.body["stdout"], "wrote\n");
-    wait_ready(&warm, POOL).await;
-    let look = post_run(
-        &warm,
-        None,
-        &python("import builtins, os\nprint(hasattr(builtins, 'left_behind'), os.path.exists('/tmp/marker'), os.path.exists('/work/marker'), sorted(os.listdir('/work')))\n"),
-    )
-    .await;
-    assert_eq!(
-        look.body["stdout"], "False False False ['main.py']\n",
-        "{:#}",
-        look.body
-    );
+    assert_nothing_carries_to_the_next_job(&warm, POOL).await;
 
     // The limit still holds, counted from delivery.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -236,30 +114,11 @@ async fn jobs_the_pool_does_not_fit_run_in_fresh_sandboxes() {
     require_server!();
     let warm = server(POOL);
     wait_ready(&warm, POOL).await;
-    let unfit = [
-        json!({"language": "python", "code": "print(1)", "memory": "128MiB"}),
-        json!({"language": "python", "code": "print(1)", "cpus": 0.25}),
-        json!({"language": "python", "code": "print(1)", "pids": 8}),
-        json!({"language": "sh", "code": "echo 1"}),
-    ];
-    for case in &unfit {
-        let answer = post_run(&warm, None, case).await;
-        assert_eq!(answer.body["outcome"], "exited", "{:#}", answer.body);
-        assert_eq!(answer.body["stdout"], "1\n");
-    }
-    assert_eq!(hits(&warm).await, 0);
-    assert_eq!(
-        metric(&warm, "airlock_warm_pool_jobs_total{result=\"unfit\"}").await,
-        unfit.len() as u64
-    );
-    // The 128 MiB limit is really the job's: it is not a warm sandbox with the default.
-    let big = post_run(
+    assert_unfit_jobs_run_fresh(
         &warm,
-        None,
-        &json!({"language": "python", "code": "b = bytearray(200 << 20)\nprint('no')", "memory": "128MiB"}),
+        &[json!({"language": "python", "code": "print(1)", "cpus": 0.25})],
     )
     .await;
-    assert_eq!(big.body["outcome"], "oom", "{:#}", big.body);
 }
 
 /// The warm sandboxes' helpers (the server's children) and their cgroup directories.
@@ -444,26 +303,14 @@ async fn warm_sandboxes_wait_at_the_lowest_cpu_priority_and_jobs_run_at_normal()
     }
 
     // While the job runs in that sandbox, its group competes as any job's does.
-    let job = spawn_run(
-        &warm,
-        python("import time\nprint('running', flush=True)\ntime.sleep(2)\n"),
-    );
-    let start = Instant::now();
-    let mut seen = None;
-    while start.elapsed() < Duration::from_secs(2) && !job.is_finished() {
-        seen = cpu_share(&dir).map(|(_, v)| v);
-        if seen.as_deref() == Some(normal) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (seen, body) =
+        cpu_share_during_a_job(&warm, normal, || cpu_share(&dir).map(|(_, v)| v)).await;
     assert_eq!(
         seen.as_deref(),
         Some(normal),
         "{file} of {} during the job",
         dir.display()
     );
-    let body = job.await.unwrap();
     assert_eq!(body["stdout"], "running\n", "{body:#}");
     assert_eq!(hits(&warm).await, 1, "{}", warm.log());
 }

@@ -2,17 +2,22 @@ def _airlock_run(forked=False):
     import os, sys
     # A forked job's own modules are those it imports (taken before it arrives).
     before = frozenset(sys.modules) if forked else None
-    chunks = []
-    while True:
-        chunk = os.read(6, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(6)
-    message = b"".join(chunks)
-    if not message:
-        os._exit(0)
-    argv = [os.fsdecode(a) for a in message.split(b"\0")]
+    def take(count):
+        data = b""
+        while len(data) < count:
+            chunk = os.read({CONTROL_FD}, count - len(data))
+            if not chunk:
+                os._exit(0)
+            data += chunk
+        return data
+    message = take(int(take(16), 16))
+    if {CONTROL_FD} != 0:
+        os.close({CONTROL_FD})
+    if message[:1] in (b"r", b"w"):
+        null = os.open(os.devnull, os.O_RDONLY if message[:1] == b"r" else os.O_RDWR)
+        os.dup2(null, 0)
+        os.close(null)
+    argv = [os.fsdecode(a) for a in message[1:].split(b"\0")]
     path = argv[0]
     sys.argv = argv
     sys.orig_argv = sys.orig_argv[:-2] + argv
@@ -25,7 +30,7 @@ def _airlock_run(forked=False):
                      __loader__=SourceFileLoader("__main__", path), __spec__=None,
                      __annotations__={}, __builtins__=builtins, __file__=path,
                      __cached__=None)
-    del builtins, chunks, chunk, message, argv, __main__, SourceFileLoader
+    del builtins, take, message, argv, __main__, SourceFileLoader
     interrupted = False
     try:
         try:

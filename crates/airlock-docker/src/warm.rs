@@ -1,0 +1,344 @@
+//! Warm containers: a Python job for a long-running server starts in a container that was
+//! created and started ahead of it, its interpreter already loaded.
+//!
+//! A warm container is a cold job's container, built by the same spec builder from the
+//! pool's template job (read-only root, no network, capabilities dropped,
+//! `no-new-privileges`, the seccomp profile, the limits, on v1 its TCP memory group,
+//! `/tmp`, `/work`, the labels the sweep finds it by). What differs is how it waits
+//! ([`crate::spec::ContainerPlan::warm_argv`]): its program is the job's interpreter with
+//! the job's flags and environment running the bootstrap of `airlock_core::warm::python`,
+//! which blocks reading its stdin (attached before the start, as a cold job's output is);
+//! and it waits at `CpuShares` 2, the smallest share the engines take.
+//!
+//! Delivering a job writes its files into the container's `/work` (a host directory bound
+//! into it), writes the container's cgroup back to the kernel's default CPU share (what a
+//! cold container has: the engines cannot, since runsc has no `update`), then sends the
+//! framed message and the job's stdin on the container's stdin and closes it. From there
+//! the job runs, and is supervised, measured and removed, exactly as a cold job's container
+//! (`DockerBackend::supervise_started`), its wall time counted from the delivery. The pool
+//! itself (hits, refills, idle lifetime, shutdown, metrics) is every backend's:
+//! [`airlock_core::warm::WarmPool`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use airlock_cgroup::{CpuPriority, Hierarchy};
+use airlock_core::warm::python::{self, WarmStdin};
+use airlock_core::warm::{WarmPool, WarmPoolConfig, WarmSandboxes};
+use airlock_core::{
+    Backend, BackendKind, BoxFuture, Capabilities, JobId, JobSpec, OutputTap, RunReport, Teardown,
+};
+use airlock_host::jobdir::JobDir;
+use bollard::query_parameters::WaitContainerOptions;
+
+use crate::Flavor;
+use crate::backend::{
+    AbortOnDrop, ContainerFiles, DockerBackend, JOB_IDS, Leftovers, Started, next,
+};
+use crate::error::DockerError;
+use crate::image::CheckedImage;
+use crate::spec;
+
+/// A container backend with a pool of warm containers for one language's jobs.
+pub type PooledContainers = WarmPool<WarmContainers>;
+
+/// Keeps `config.size` containers started for jobs like `template` (a job of the pool's
+/// language with the policy's defaults), starting them in the background; one unused for
+/// `config.idle_max` is removed and replaced. Must be called inside a tokio runtime.
+pub fn start(
+    backend: Arc<DockerBackend>,
+    template: JobSpec,
+    config: WarmPoolConfig,
+) -> Result<PooledContainers, DockerError> {
+    let flavor = backend.config().flavor;
+    let refuse = |reason: String| DockerError::WarmPool {
+        backend: flavor.as_str(),
+        reason,
+    };
+    if let Some(reason) = python::unsupported_template(&template) {
+        return Err(refuse(reason));
+    }
+    let mut template = template;
+    if template.filesystem.out.enabled {
+        // /out is a tmpfs mounted for each job: a warm container has none, and jobs that
+        // ask for it run in a fresh one. With /out on by default that is every job.
+        tracing::warn!(backend = %flavor,
+            "the policy gives jobs /out, which warm containers do not have: such jobs run in fresh containers");
+        template.filesystem.out.enabled = false;
+    }
+    // Where the containers' cgroups are, to give a delivered job its CPU share.
+    let hierarchy = Hierarchy::detect()
+        .map_err(|e| refuse(format!("read the host's cgroup hierarchies: {e}")))?;
+    let argv = python::warm_argv(&template, &[], 0).unwrap_or_default();
+    let containers = WarmContainers {
+        backend,
+        template,
+        argv,
+        hierarchy,
+    };
+    Ok(WarmPool::start(Arc::new(containers), config))
+}
+
+/// How a container backend's warm containers start, wait and take their job: the pool's
+/// side of [`PooledContainers`].
+pub struct WarmContainers {
+    backend: Arc<DockerBackend>,
+    template: JobSpec,
+    /// The warm program: the template's interpreter and flags running the bootstrap, which
+    /// reads its job from descriptor 0.
+    argv: Vec<String>,
+    hierarchy: Hierarchy,
+}
+
+impl std::fmt::Debug for WarmContainers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmContainers")
+            .field("backend", &self.backend.config().flavor)
+            .field("language", &self.template.language)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A started container waiting for its job.
+pub struct WaitingContainer {
+    /// Its name as a sandbox (`warm-<uuid>`): its job directory's and `airlock.job` label's.
+    sandbox: String,
+    started: Started,
+    image: CheckedImage,
+    /// The container, its v1 memory group and its job directory; the guard in it removes
+    /// the container if this is dropped.
+    leftovers: Leftovers,
+    /// Set once the daemon reports the container stopped.
+    exited: Arc<AtomicBool>,
+    _watch: AbortOnDrop,
+}
+
+impl WarmContainers {
+    /// Creates and starts one warm container.
+    async fn start_one(&self) -> Result<WaitingContainer, DockerError> {
+        let backend = &self.backend;
+        let (ready, image) = backend.checked(&self.template).await?;
+        let sandbox = format!("warm-{}", JobId::generate().as_str());
+        let jobdir = JobDir::create_empty(backend.runtime_dir(), &sandbox, &JOB_IDS)
+            .map_err(DockerError::JobDir)?;
+        let empty_file = backend.create_empty_file(&sandbox)?;
+        let files = ContainerFiles {
+            image: &image,
+            empty_file: &empty_file,
+            // A warm container has no network, so no proxy and no CA bundle of its own.
+            trust_bundle: None,
+            out: None,
+        };
+        let (leftovers, started) = backend
+            .start_container(
+                &self.template,
+                ready,
+                &files,
+                jobdir,
+                &sandbox,
+                Some(&self.argv),
+            )
+            .await;
+        let started = match started {
+            Ok(started) if started.pid.is_some() => started,
+            Ok(_) => {
+                let _ = leftovers.remove(None).await;
+                return Err(DockerError::WarmStart {
+                    container: spec::container_name(&sandbox),
+                    reason: "stopped as soon as it started",
+                });
+            }
+            Err(e) => {
+                let _ = leftovers.remove(None).await;
+                return Err(e);
+            }
+        };
+        // The daemon says when the container stops: one that dies while it waits is
+        // discarded, never handed a job.
+        let exited = Arc::new(AtomicBool::new(false));
+        let watch = {
+            let docker = ready.docker.clone();
+            let name = leftovers.name.clone();
+            let exited = exited.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                let mut wait = Box::pin(docker.wait_container(
+                    &name,
+                    Some(WaitContainerOptions {
+                        condition: "not-running".to_owned(),
+                    }),
+                ));
+                let _ = next(&mut wait).await;
+                exited.store(true, Ordering::SeqCst);
+            }))
+        };
+        Ok(WaitingContainer {
+            sandbox,
+            started,
+            image,
+            leftovers,
+            exited,
+            _watch: watch,
+        })
+    }
+
+    /// Runs `job` in `warm`: its files, then the message and its stdin.
+    async fn deliver_to(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+        warm: WaitingContainer,
+    ) -> Result<(RunReport, Teardown), DockerError> {
+        let delivered_at = Instant::now();
+        let WaitingContainer {
+            sandbox,
+            started,
+            image,
+            leftovers,
+            ..
+        } = warm;
+        // The job's files, written where the container sees its /work. Blocking work, off
+        // the async threads.
+        let job_files = job.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let written = leftovers.jobdir.write_job(&job_files, &JOB_IDS);
+            (written, leftovers)
+        })
+        .await;
+        let leftovers = match written {
+            Ok((Ok(()), leftovers)) => leftovers,
+            Ok((Err(e), leftovers)) => {
+                let _ = leftovers.remove(None).await;
+                return Err(DockerError::JobDir(e));
+            }
+            // The task's panic dropped the leftovers: their guard removed the container.
+            Err(e) => return Err(DockerError::Task(format!("deliver task: {e}"))),
+        };
+        let mut stdin = python::control_message(&self.template, job, self.stdin_mode(job));
+        if let Some(bytes) = &job.stdin {
+            stdin.extend_from_slice(bytes);
+        }
+        let ready = match self.backend.ready().await {
+            Ok(ready) => ready,
+            Err(e) => {
+                let _ = leftovers.remove(None).await;
+                return Err(e);
+            }
+        };
+        tracing::debug!(job_id = %job.id, sandbox = %sandbox, "job delivered to a warm container");
+        let started = started.delivered(delivered_at.elapsed());
+        let ran = self
+            .backend
+            .supervise_started(job, tap, ready, &image, &leftovers.name, started, stdin)
+            .await;
+        match ran {
+            Ok(report) => Ok((report, leftovers.teardown(job.id.to_string()))),
+            Err(e) => {
+                let _ = leftovers.remove(None).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// What the job's descriptor 0 becomes: with input, the stdin the message came on (a
+    /// pipe, as a cold job with input has); without, what a cold container of this engine
+    /// has there: `/dev/null` read-write under runc, and under gVisor a host descriptor
+    /// read-only at end-of-file, which the stdin pipe is once closed.
+    fn stdin_mode(&self, job: &JobSpec) -> WarmStdin {
+        match (self.backend.config().flavor, &job.stdin) {
+            (_, Some(_)) | (Flavor::Gvisor, None) => WarmStdin::Keep,
+            (Flavor::Docker | Flavor::Podman, None) => WarmStdin::DevNullReadWrite,
+        }
+    }
+
+    /// Writes the kernel's default CPU share into the cgroup of the container's first
+    /// process, after checking that the group is the container's (its id is in its path).
+    fn raise(&self, warm: &WaitingContainer) -> Result<(), String> {
+        let (Some(pid), Some(id)) = (warm.started.pid, warm.leftovers.created_id.as_deref()) else {
+            return Err("the container has no process".into());
+        };
+        let path = format!("/proc/{pid}/cgroup");
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
+        let dir = self
+            .hierarchy
+            .cpu_dir_of(&text)
+            .ok_or_else(|| format!("no cpu cgroup in {path}"))?;
+        if !dir.to_string_lossy().contains(id) {
+            return Err(format!(
+                "process {pid} is in {}, not a group of container {id}",
+                dir.display()
+            ));
+        }
+        self.hierarchy
+            .set_cpu_priority_of(&dir, CpuPriority::Normal)
+            .map_err(|e| airlock_core::error::chain(&e))
+    }
+}
+
+impl WarmSandboxes for WarmContainers {
+    type Warm = WaitingContainer;
+    type Error = DockerError;
+
+    fn kind(&self) -> BackendKind {
+        self.backend.config().flavor.kind()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    fn fits(&self, job: &JobSpec) -> bool {
+        // The template has no /out ([`start`]), so neither has a job whose filesystem
+        // equals it.
+        python::fits(&self.template, job)
+    }
+
+    fn start(&self) -> BoxFuture<'_, Result<WaitingContainer, DockerError>> {
+        Box::pin(self.start_one())
+    }
+
+    fn starts_cancel_safe(&self) -> bool {
+        // A create request the daemon is still working on when its future is dropped can
+        // make the container after the guard removed nothing: the start is waited for.
+        false
+    }
+
+    fn name(warm: &WaitingContainer) -> &str {
+        &warm.sandbox
+    }
+
+    fn is_alive(&self, warm: &mut WaitingContainer) -> bool {
+        !warm.exited.load(Ordering::SeqCst)
+    }
+
+    fn raise_priority(&self, warm: &WaitingContainer) -> Result<(), String> {
+        self.raise(warm)
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+        warm: WaitingContainer,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), DockerError>> {
+        Box::pin(self.deliver_to(job, tap, warm))
+    }
+
+    fn discard(&self, warm: WaitingContainer) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let sandbox = warm.sandbox;
+            if let Err(e) = warm.leftovers.remove(None).await {
+                tracing::warn!(sandbox = %sandbox, error = %airlock_core::error::chain(&e),
+                    "cannot remove a warm container");
+            }
+        })
+    }
+
+    fn run_fresh<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), DockerError>> {
+        Box::pin(self.backend.run_job_then_teardown(job, tap))
+    }
+}
