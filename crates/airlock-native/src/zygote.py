@@ -207,6 +207,8 @@ def _airlock_zygote():
     if threads != 1:
         sock.send(b"error: the zygote has %d threads after its imports" % threads)
         os._exit(3)
+    # Every child then finds the built-in compile()'s AST types made (run_job.py).
+    compile("", "<airlock>", "exec", dont_inherit=True)
     sock.send(b"ready")
 
     def child(fds, threads_at_fork):
