@@ -252,6 +252,11 @@ impl NativeBackend {
         &self.runtime
     }
 
+    /// The sandbox init's executable memfd, if it is one the kernel executes.
+    pub(crate) fn init_memfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.init.executable_memfd()
+    }
+
     /// The id mapping in use.
     pub fn id_mapping(&self) -> IdMapping {
         self.ids

@@ -14,7 +14,7 @@
 //! init argument, as before: slower, never weaker.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -97,6 +97,15 @@ impl InitProgram {
         match self.memfd() {
             Some((_, path)) if !self.memfd_refused.load(Ordering::Relaxed) => path,
             _ => &self.airlock,
+        }
+    }
+
+    /// The memfd itself, while the kernel has not refused to execute it: a zygote's
+    /// children execute it once their sandbox is built (`init::REAP_ARG`).
+    pub(crate) fn executable_memfd(&self) -> Option<BorrowedFd<'_>> {
+        match self.memfd() {
+            Some((fd, _)) if !self.memfd_refused.load(Ordering::Relaxed) => Some(fd.as_fd()),
+            _ => None,
         }
     }
 

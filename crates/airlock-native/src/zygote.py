@@ -197,7 +197,8 @@ def _airlock_zygote():
     # looking at every entry in each child (which would copy the pages of them all).
     machinery = tuple(name for name in sys.modules if name not in keep)
     sock = socket.socket(fileno=control)
-    data, _, flags, _ = socket.recv_fds(sock, 1 << 20, 0)
+    # The plan, and the sandbox init's executable (a sealed memfd) if the host has one.
+    data, init_program, flags, _ = socket.recv_fds(sock, 1 << 20, 1, socket.MSG_CMSG_CLOEXEC)
     if not data or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         os._exit(2)
     plan = json.loads(data)
@@ -211,11 +212,15 @@ def _airlock_zygote():
     compile("", "<airlock>", "exec", dont_inherit=True)
     sock.send(b"ready")
 
+    # The init's executable in a child (its descriptor there), once child() moved it.
+    reaper = []
+
     def child(fds, threads_at_fork):
         # The sandbox leader, in the template's namespaces, as the template's root.
         # Descriptors: [stdin, stdout, stderr, status, control, handoff, work, *procs].
         floor = 1 + max(int(n) for n in os.listdir("/proc/self/fd"))
         fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
+        reaper[:] = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in init_program]
         os.closerange(0, floor)
         for number, fd in enumerate(fds[:3]):
             os.dup2(fd, number)
@@ -223,6 +228,19 @@ def _airlock_zygote():
         status, job_control, handoff, work = fds[3:7]
         return run(status, leader, status, job_control, handoff, work, fds[7:],
                    threads_at_fork)
+
+    def become_reaper(child, report):
+        # Once the sandbox is built, the leader and pid 1 only wait: as the sandbox init
+        # (`init reap`, init.rs) rather than as forks of this interpreter, so that their
+        # exits, between the job's and its reply, do not free the interpreter's whole
+        # address space. Where that cannot be executed, this process waits as it is.
+        if not reaper:
+            return
+        try:
+            os.execve(reaper[0], ["init", "reap", str(child), "report" if report else "quiet"],
+                      {})
+        except OSError:
+            pass
 
     def leader(status, job_control, handoff, work, procs, threads_at_fork):
         if threads_at_fork != 1:
@@ -283,6 +301,9 @@ def _airlock_zygote():
         for number in (0, 1, 2):
             os.dup2(null, number)
         os.close(null)
+        # pid 1 knows this process gone when the pipe hangs up: kept across the exec.
+        os.set_inheritable(alive_write, True)
+        become_reaper(init, False)
         os.waitpid(init, 0)
         os.close(alive_write)
 
@@ -332,6 +353,14 @@ def _airlock_zygote():
         for number in (0, 1, 2):
             os.dup2(null, number)
         os.close(null)
+        if reaper:
+            # The reaper reports on the status descriptor's usual number (plan.rs STATUS_FD).
+            if status != {STATUS_FD}:
+                os.dup2(status, {STATUS_FD}, inheritable=True)
+                os.close(status)
+                status = {STATUS_FD}
+            os.set_inheritable(status, True)
+            become_reaper(job, True)
         while True:
             pid, code = os.wait()
             if pid != job:

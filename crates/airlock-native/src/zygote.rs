@@ -359,7 +359,9 @@ pub fn zygote_argv(template: &JobSpec, preload: &[String]) -> Option<Vec<String>
         "{}{}{}",
         python::PYTHON_PRELOAD,
         python::run_job_program(crate::plan::CONTROL_FD),
-        ZYGOTE_PY.replace("{MODULES}", &python::module_list(preload))
+        ZYGOTE_PY
+            .replace("{MODULES}", &python::module_list(preload))
+            .replace("{STATUS_FD}", &crate::plan::STATUS_FD.to_string())
     );
     python::interpreter_running(template, program)
 }
@@ -527,7 +529,10 @@ impl Zygote {
                 step: "start",
                 detail: format!("encode the children's plan: {e}"),
             })?;
-            send(&socket, &config, &[]).await?;
+            // With the plan, the sandbox init's memfd, which each child's leader and pid 1
+            // execute once the sandbox is built (init.rs, `REAP_ARG`).
+            let init = backend.init_memfd();
+            send(&socket, &config, init.as_slice()).await?;
             let reply = tokio::time::timeout(ZYGOTE_READY_TIMEOUT, receive_reply(&socket)).await;
             match reply {
                 Ok(Ok(reply)) if reply == b"ready" => Ok(socket),
