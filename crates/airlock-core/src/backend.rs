@@ -222,6 +222,9 @@ pub struct WarmPoolStats {
     /// Warm sandboxes discarded without a job: found dead while waiting, idle past the
     /// pool's lifetime, or their CPU priority not raised for a job.
     pub discarded: u64,
+    /// Of the misses, jobs that ran in a sandbox started for them at once (forked from the
+    /// native zygote) rather than in a fresh one.
+    pub started_for_jobs: u64,
     /// Of the hits, jobs that ran in a sandbox forked from a zygote (`[native] zygote`).
     pub forked_hits: u64,
     /// Of the sandboxes started, those forked from a zygote.
@@ -246,6 +249,7 @@ impl WarmPoolStats {
         self.started += other.started;
         self.failed += other.failed;
         self.discarded += other.discarded;
+        self.started_for_jobs += other.started_for_jobs;
         self.forked_hits += other.forked_hits;
         self.forked += other.forked;
         self.fork_failed += other.fork_failed;

@@ -167,6 +167,8 @@ pub struct WaitingSandbox {
     /// The zygote it was forked from, kept until the sandbox is removed: its template
     /// sandbox must outlive every child.
     zygote: Option<Arc<Zygote>>,
+    /// Forked at once for a job that found none ready, rather than ahead of it.
+    for_job: bool,
 }
 
 impl NativeWarm {
@@ -186,7 +188,7 @@ impl NativeWarm {
                 }
             }
         }
-        let (name, jobdir, cgroup) = self.prepare_sandbox()?;
+        let (name, jobdir, cgroup) = self.prepare_sandbox(CpuPriority::Background)?;
         let backend = &self.backend;
         let mut plan = match backend.plan(&self.template, &jobdir, cgroup.as_ref(), None) {
             Ok(plan) => plan,
@@ -204,7 +206,7 @@ impl NativeWarm {
 
     /// Forks one warm sandbox from `zygote`.
     async fn launch_forked(&self, zygote: Arc<Zygote>) -> Result<WaitingSandbox, NativeError> {
-        let (name, jobdir, cgroup) = self.prepare_sandbox()?;
+        let (name, jobdir, cgroup) = self.prepare_sandbox(CpuPriority::Background)?;
         let send_out_dir = self.template.filesystem.out.enabled;
         let launched = zygote
             .fork(&name, &jobdir, cgroup.as_ref(), send_out_dir)
@@ -212,10 +214,32 @@ impl NativeWarm {
         ready_or_removed(name, jobdir, cgroup, launched, Some(zygote)).await
     }
 
-    /// A warm sandbox's job directory and cgroup, the cgroup at the lowest CPU priority: it
-    /// is built and kept so, so that a job running meanwhile is never slowed by the sandbox
-    /// being made for the next one. Only speed depends on it.
-    fn prepare_sandbox(&self) -> Result<(String, JobDir, Option<JobCgroup>), NativeError> {
+    /// Forks a sandbox for a job that found none ready, at the job's CPU priority: its
+    /// cgroup at normal priority from the start, and the zygote's raised to it while it
+    /// forks (a job waits on it now; a refill's forks, queued before, go at that priority
+    /// too, which only brings their sandboxes sooner). About a millisecond of the zygote
+    /// and a few of the child's setup, against a whole sandbox and interpreter start.
+    async fn fork_for_job(&self, zygote: Arc<Zygote>) -> Result<WaitingSandbox, NativeError> {
+        let (name, jobdir, cgroup) = self.prepare_sandbox(CpuPriority::Normal)?;
+        let send_out_dir = self.template.filesystem.out.enabled;
+        let launched = {
+            let _raised = zygote.raised_for_a_job();
+            zygote
+                .fork(&name, &jobdir, cgroup.as_ref(), send_out_dir)
+                .await
+        };
+        let mut sandbox = ready_or_removed(name, jobdir, cgroup, launched, Some(zygote)).await?;
+        sandbox.for_job = true;
+        Ok(sandbox)
+    }
+
+    /// A sandbox's job directory and cgroup, the cgroup at `priority`: a warm sandbox is
+    /// built and kept at the lowest, so that a job running meanwhile is never slowed by
+    /// the sandbox being made for the next one. Only speed depends on it.
+    fn prepare_sandbox(
+        &self,
+        priority: CpuPriority,
+    ) -> Result<(String, JobDir, Option<JobCgroup>), NativeError> {
         let backend = &self.backend;
         let name = format!("warm-{}", JobId::generate().as_str());
         let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &backend.id_mapping())?;
@@ -228,8 +252,9 @@ impl NativeWarm {
                 return Err(e);
             }
         };
-        if let Some(cgroup) = &cgroup
-            && let Err(e) = cgroup.set_cpu_priority(CpuPriority::Background)
+        if priority == CpuPriority::Background
+            && let Some(cgroup) = &cgroup
+            && let Err(e) = cgroup.set_cpu_priority(priority)
         {
             tracing::warn!(sandbox = %name, error = %e,
                 "cannot lower a warm sandbox's CPU priority; it starts at normal priority");
@@ -361,8 +386,9 @@ impl NativeWarm {
             jobdir,
             cgroup,
             zygote,
+            for_job,
         } = warm;
-        if zygote.is_some() {
+        if zygote.is_some() && !for_job {
             self.counters.forked_hits.fetch_add(1, Ordering::Relaxed);
         }
         // The job's files, then the CPU the sandbox used while waiting (left out of the
@@ -445,6 +471,19 @@ impl WarmSandboxes for NativeWarm {
         Box::pin(self.launch_warm())
     }
 
+    fn start_for_job(&self) -> Option<BoxFuture<'_, Result<WaitingSandbox, NativeError>>> {
+        // Only a fork is cheaper than the fresh run the job would get otherwise.
+        let zygote = self.zygote_to_fork_from()?;
+        Some(Box::pin(async move {
+            let forked = self.fork_for_job(zygote).await;
+            match &forked {
+                Ok(_) => self.counters.forked.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.counters.fork_failed.fetch_add(1, Ordering::Relaxed),
+            };
+            forked
+        }))
+    }
+
     fn starts_cancel_safe(&self) -> bool {
         // The helper (or a forked child's pidfd hold) is killed on drop, and the cgroup and
         // the job directory removed; a zygote being started is removed the same way, and a
@@ -486,6 +525,7 @@ impl WarmSandboxes for NativeWarm {
                 jobdir,
                 cgroup,
                 zygote,
+                for_job: _,
             } = warm;
             launched.kill().await;
             match tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await {
@@ -554,6 +594,7 @@ async fn ready_or_removed(
             jobdir,
             cgroup,
             zygote,
+            for_job: false,
         }),
         Err(e) => {
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;

@@ -408,6 +408,21 @@ pub(crate) struct Zygote {
     diagnostics: Arc<Mutex<Vec<u8>>>,
     /// Set once the zygote was seen gone.
     ended: std::sync::atomic::AtomicBool,
+    /// Jobs waiting on a fork now: while there are any, the template sandbox runs at
+    /// normal CPU priority.
+    jobs_waiting: Mutex<usize>,
+}
+
+/// The zygote's sandbox held at normal CPU priority while a job waits on its fork
+/// ([`Zygote::raised_for_a_job`]); back to the lowest once no job waits.
+pub(crate) struct RaisedForJob<'a> {
+    zygote: &'a Zygote,
+}
+
+impl Drop for RaisedForJob<'_> {
+    fn drop(&mut self) {
+        self.zygote.count_job_waiting(false);
+    }
 }
 
 /// The template sandbox a zygote runs in.
@@ -514,6 +529,7 @@ impl Zygote {
             })),
             diagnostics,
             ended: std::sync::atomic::AtomicBool::new(false),
+            jobs_waiting: Mutex::new(0),
         });
         let ready = async {
             let socket = socket.ok_or_else(|| NativeError::Zygote {
@@ -569,6 +585,40 @@ impl Zygote {
                     e => e,
                 })
             }
+        }
+    }
+
+    /// Raises the zygote's sandbox to normal CPU priority until the guard is dropped: a
+    /// job waits on the next fork. At the lowest priority, as its refills run, a zygote
+    /// gets next to no CPU while jobs keep every CPU busy.
+    pub(crate) fn raised_for_a_job(&self) -> RaisedForJob<'_> {
+        self.count_job_waiting(true);
+        RaisedForJob { zygote: self }
+    }
+
+    fn count_job_waiting(&self, arriving: bool) {
+        let Ok(mut waiting) = self.jobs_waiting.lock() else {
+            return;
+        };
+        let before = *waiting;
+        *waiting = if arriving {
+            before + 1
+        } else {
+            before.saturating_sub(1)
+        };
+        let priority = match (before, *waiting) {
+            (0, 1) => CpuPriority::Normal,
+            (1, 0) => CpuPriority::Background,
+            _ => return,
+        };
+        // Written while the count is held, so that a raise and a lowering never cross.
+        let template = self.template.lock();
+        if let Ok(template) = template
+            && let Some(cgroup) = template.as_ref().and_then(|t| t.cgroup.as_ref())
+            && let Err(e) = cgroup.set_cpu_priority(priority)
+        {
+            tracing::debug!(zygote = %self.name, error = %e, ?priority,
+                "cannot change the zygote's CPU priority");
         }
     }
 

@@ -39,7 +39,8 @@ pub struct RejectLabels {
 /// What became of a job with respect to the warm pool, or of a warm sandbox.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WarmLabels {
-    /// Jobs: `hit`, `miss`, `unfit`. Sandboxes: `started`, `failed`, `discarded`.
+    /// Jobs: `hit`, `miss`, `unfit`. Sandboxes: `started`, `failed`, `discarded`,
+    /// `started_for_job`.
     pub result: String,
 }
 
@@ -135,7 +136,7 @@ impl Metrics {
         );
         registry.register(
             "warm_pool_sandboxes",
-            "Warm sandboxes or containers started, failed to start, or discarded (found dead, idle past warm_idle, or their CPU share not raised)",
+            "Warm sandboxes or containers started, failed to start, or discarded (found dead, idle past warm_idle, or their CPU share not raised); started_for_job: forked from the zygote at once for a job that found none ready",
             warm_sandboxes.clone(),
         );
         registry.register(
@@ -223,6 +224,11 @@ impl Metrics {
             ("started", now.started, seen.started),
             ("failed", now.failed, seen.failed),
             ("discarded", now.discarded, seen.discarded),
+            (
+                "started_for_job",
+                now.started_for_jobs,
+                seen.started_for_jobs,
+            ),
         ];
         let zygote = [
             ("hit", now.forked_hits, seen.forked_hits),

@@ -6,7 +6,9 @@
 //! The rules every backend's warm sandboxes follow here:
 //! - each runs exactly one job, then is removed like any sandbox; never reused;
 //! - a job the template does not fit ([`WarmSandboxes::fits`]) runs in a fresh sandbox
-//!   (counted `unfit`), as does one that finds none ready (`miss`);
+//!   (counted `unfit`), as does one that finds none ready (`miss`), unless the backend can
+//!   start one for it at once for less than a fresh run costs
+//!   ([`WarmSandboxes::start_for_job`]: a fork of the native zygote; `started_for_job`);
 //! - a sandbox found dead, or waiting longer than the idle lifetime, is discarded and
 //!   replaced; one whose CPU priority cannot be raised for its job is discarded and the job
 //!   runs fresh;
@@ -70,6 +72,15 @@ pub trait WarmSandboxes: Send + Sync + 'static {
 
     /// Starts one sandbox, at the lowest CPU priority the backend offers.
     fn start(&self) -> BoxFuture<'_, Result<Self::Warm, Self::Error>>;
+
+    /// Starts one sandbox for a job that found none ready, at the job's CPU priority, when
+    /// the backend can do that for less than a fresh sandbox costs the job (the native
+    /// backend forks one from its zygote); `None` when it cannot now, and the job runs
+    /// fresh. Under a steady load the refills, at the lowest priority, fall behind, and
+    /// every job that misses would otherwise pay a whole sandbox and interpreter start.
+    fn start_for_job(&self) -> Option<BoxFuture<'_, Result<Self::Warm, Self::Error>>> {
+        None
+    }
 
     /// Whether a start may be dropped part-way, at shutdown: true when dropping its future
     /// removes all it had made (the native backend's guards kill and remove synchronously);
@@ -147,6 +158,7 @@ struct Counters {
     started: AtomicU64,
     failed: AtomicU64,
     discarded: AtomicU64,
+    started_for_jobs: AtomicU64,
 }
 
 struct Shared<S: WarmSandboxes> {
@@ -223,6 +235,7 @@ impl<S: WarmSandboxes> WarmPool<S> {
             started: c.started.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             discarded: c.discarded.load(Ordering::Relaxed),
+            started_for_jobs: c.started_for_jobs.load(Ordering::Relaxed),
             ..WarmPoolStats::default()
         };
         self.shared.sandboxes.add_stats(&mut stats);
@@ -288,8 +301,7 @@ impl<S: WarmSandboxes> WarmPool<S> {
         }
         let Some(warm) = self.take().await else {
             shared.counters.misses.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(job_id = %job.id, "no warm sandbox ready; starting one for the job");
-            return sandboxes.run_fresh(job, tap).await;
+            return self.run_missed(job, tap).await;
         };
         // The sandbox waited in the background; the job runs at normal priority, or in a
         // fresh sandbox if that cannot be had.
@@ -303,7 +315,49 @@ impl<S: WarmSandboxes> WarmPool<S> {
         }
         shared.counters.hits.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(job_id = %job.id, sandbox = %S::name(&warm), "job delivered to a warm sandbox");
-        match sandboxes.deliver(job, tap, warm).await {
+        self.deliver(job, tap, warm).await
+    }
+
+    /// Runs a job that found no sandbox ready: in one the backend starts for it at once,
+    /// if it can, else (and if that start fails) in a fresh one.
+    async fn run_missed(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+    ) -> Result<(RunReport, Teardown), S::Error> {
+        let shared = &self.shared;
+        let sandboxes = &shared.sandboxes;
+        let Some(start) = sandboxes.start_for_job() else {
+            tracing::debug!(job_id = %job.id, "no warm sandbox ready; the job runs in a fresh one");
+            return sandboxes.run_fresh(job, tap).await;
+        };
+        match start.await {
+            Ok(warm) => {
+                shared
+                    .counters
+                    .started_for_jobs
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(job_id = %job.id, sandbox = %S::name(&warm),
+                    "no warm sandbox ready; the job runs in one started for it");
+                self.deliver(job, tap, warm).await
+            }
+            Err(e) => {
+                tracing::warn!(job_id = %job.id, error = %e,
+                    "cannot start a sandbox for a job that found none ready; it runs in a fresh one");
+                sandboxes.run_fresh(job, tap).await
+            }
+        }
+    }
+
+    /// Delivers `job` to `warm`; the refill is woken once the sandbox is removed.
+    async fn deliver(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+        warm: S::Warm,
+    ) -> Result<(RunReport, Teardown), S::Error> {
+        let shared = &self.shared;
+        match shared.sandboxes.deliver(job, tap, warm).await {
             Ok((report, removal)) => {
                 let shared = self.shared.clone();
                 let teardown = Teardown::new(async move {
@@ -613,6 +667,11 @@ mod tests {
         /// How often the upkeep is due without a job, if ever.
         upkeep_every: Option<Duration>,
         closes: AtomicU64,
+        /// Whether a job that finds none ready gets one started for it: `Some(true)` starts
+        /// succeed, `Some(false)` fail, `None` there is no such start.
+        start_for_job: Option<bool>,
+        /// The sandboxes started for jobs.
+        started_for_jobs: Mutex<Vec<u64>>,
     }
 
     impl Fake {
@@ -689,6 +748,24 @@ mod tests {
                     alive,
                 })
             })
+        }
+
+        fn start_for_job(&self) -> Option<BoxFuture<'_, Result<FakeWarm, FakeError>>> {
+            let succeeds = self.start_for_job?;
+            Some(Box::pin(async move {
+                if !succeeds {
+                    return Err(FakeError);
+                }
+                let id = self.next.fetch_add(1, Ordering::SeqCst);
+                let alive = Arc::new(AtomicBool::new(true));
+                self.up.lock().unwrap().push((id, alive.clone()));
+                self.started_for_jobs.lock().unwrap().push(id);
+                Ok(FakeWarm {
+                    id,
+                    name: format!("for-job-{id}"),
+                    alive,
+                })
+            }))
         }
 
         fn starts_cancel_safe(&self) -> bool {
@@ -819,6 +896,37 @@ mod tests {
         assert_eq!((stats.hits, stats.misses, stats.unfit), (0, 1, 1));
         assert_eq!(fake.fresh.load(Ordering::SeqCst), 2);
         assert!(fake.delivered.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_job_finding_none_ready_runs_in_one_started_for_it_where_the_backend_can() {
+        for succeeds in [true, false] {
+            let fake = Arc::new(Fake {
+                start_delay: Duration::from_secs(3600),
+                start_for_job: Some(succeeds),
+                ..Fake::default()
+            });
+            let pool = WarmPool::start(fake.clone(), config(1, Duration::from_secs(600)));
+            pool.run_job_with(&job("python"), None).await.unwrap();
+            // An unfit job never gets one: it would not run as in a fresh sandbox.
+            pool.run_job_with(&job("sh"), None).await.unwrap();
+            let stats = pool.stats();
+            assert_eq!((stats.hits, stats.misses, stats.unfit), (0, 1, 1));
+            let started = fake.started_for_jobs.lock().unwrap().clone();
+            if succeeds {
+                assert_eq!(*fake.delivered.lock().unwrap(), started);
+                assert_eq!(started.len(), 1);
+                assert_eq!(stats.started_for_jobs, 1);
+                assert_eq!(fake.fresh.load(Ordering::SeqCst), 1, "the unfit one");
+                assert!(!fake.up().contains(&started[0]), "removed after its job");
+            } else {
+                // A failed start costs the job nothing but the attempt: it runs fresh.
+                assert!(fake.delivered.lock().unwrap().is_empty());
+                assert_eq!(stats.started_for_jobs, 0);
+                assert_eq!(fake.fresh.load(Ordering::SeqCst), 2);
+            }
+            pool.shutdown().await;
+        }
     }
 
     #[tokio::test]

@@ -622,3 +622,42 @@ async fn a_zygote_that_imported_a_thread_is_refused_and_sandboxes_start_from_scr
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_finding_no_sandbox_ready_run_in_one_forked_for_them() {
+    require_server!();
+    // One sandbox kept ready and four jobs at once: the first takes it, the others find
+    // none and each gets one forked for it at once, never a fresh sandbox (whose pid 1 is
+    // `init` alone; a forked sandbox's is the init reaping its job).
+    let forked = Server::start(Opts {
+        args: ["--policy", "zygote.toml", "--max-in-flight", "4"]
+            .map(String::from)
+            .to_vec(),
+        files: vec![(
+            "zygote.toml".into(),
+            policy("", "").replace(&format!("warm_pool = {POOL}"), "warm_pool = 1"),
+        )],
+        ..Default::default()
+    });
+    wait_ready(&forked, 1).await;
+    let code = "import time\ntime.sleep(0.3)\n\
+                print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[:-1])\n";
+    let jobs: Vec<_> = (0..4).map(|_| spawn_run(&forked, python(code))).collect();
+    for job in jobs {
+        let body = job.await.unwrap();
+        assert_eq!(
+            body["stdout"],
+            "[b'init', b'reap', b'2', b'report']\n",
+            "{body:#}\n{}",
+            forked.log()
+        );
+    }
+    let for_jobs = metric(
+        &forked,
+        "airlock_warm_pool_sandboxes_total{result=\"started_for_job\"}",
+    )
+    .await;
+    assert!(for_jobs >= 1, "{}", forked.log());
+    assert_eq!(forked_hits(&forked).await + for_jobs, 4, "{}", forked.log());
+    assert_eq!(zygote_events(&forked, "fork_failed").await, 0);
+}
