@@ -540,7 +540,8 @@ fn reap_until_job_exits(status: &OwnedFd, job: Pid, outlive_job: bool) -> ! {
     }
 }
 
-/// The first argument of a reaper: `init reap PID report|quiet`.
+/// The first argument of a reaper: `init reap PID quiet`, or `init reap PID report
+/// [READY_FD]`.
 pub const REAP_ARG: &str = "reap";
 
 /// What a zygote's child executes once its sandbox is built (`zygote.py`): its leader
@@ -548,13 +549,18 @@ pub const REAP_ARG: &str = "reap";
 /// and reporting how it ended on [`STATUS_FD`]). Until then they are forks of the zygote's
 /// interpreter; as this small program instead, they hold none of its memory, so their
 /// exits, on the path from the job's end to its reply, free a few pages rather than the
-/// interpreter's whole address space (about 0.4 ms each, docs/speed.md).
+/// interpreter's whole address space (about 0.4 ms each, docs/speed.md). pid 1 executes
+/// it before the sandbox is reported started (`READY_FD`: the job process's readiness
+/// pipe, at end of file once it is ready), so that no sandbox counted ready still has
+/// that exec to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ReapArgs {
     /// The child whose exit ends this process.
     child: Pid,
     /// Whether to report the child's end on [`STATUS_FD`].
     report: bool,
+    /// Where to learn that the child is ready, to report it started first.
+    ready: Option<i32>,
 }
 
 impl ReapArgs {
@@ -573,12 +579,18 @@ impl ReapArgs {
             "quiet" => false,
             _ => return None,
         };
+        let ready = match args.next() {
+            Some(fd) if report => Some(fd.to_str()?.parse::<i32>().ok().filter(|fd| *fd > 2)?),
+            Some(_) => return None,
+            None => None,
+        };
         if args.next().is_some() {
             return None;
         }
         Some(Self {
             child: Pid::from_raw(child)?,
             report,
+            ready,
         })
     }
 }
@@ -594,10 +606,27 @@ fn run_reaper(args: ReapArgs) -> ! {
     if !args.report {
         reap_until_exits(None, args.child)
     }
-    match process::claim_inherited_fd(STATUS_FD) {
-        Ok(status) => reap_until_exits(Some(&status), args.child),
-        Err(_) => process::exit_now(2),
+    let Ok(status) = process::claim_inherited_fd(STATUS_FD) else {
+        process::exit_now(2)
+    };
+    if let Some(fd) = args.ready {
+        // End of file: the job process is ready. A byte: it failed, and said why itself.
+        let ready = process::claim_inherited_fd(fd).ok();
+        let mut byte = [0u8; 1];
+        let started = ready.is_some_and(|ready| {
+            loop {
+                match rustix::io::read(&ready, &mut byte) {
+                    Ok(n) => break n == 0,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => break false,
+                }
+            }
+        });
+        if started {
+            report(&status, &InitEvent::Started);
+        }
     }
+    reap_until_exits(Some(&status), args.child)
 }
 
 /// Reaps every child until `child` exits, then reports how it ended on `status`, if any,
@@ -1117,8 +1146,13 @@ mod tests {
             reap_args(&["reap", "7", "report"]),
             Some(ReapArgs {
                 child: Pid::from_raw(7).unwrap(),
-                report: true
+                report: true,
+                ready: None,
             })
+        );
+        assert_eq!(
+            reap_args(&["reap", "2", "report", "5"]).and_then(|a| a.ready),
+            Some(5)
         );
         assert_eq!(
             reap_args(&["reap", "2", "quiet"]).map(|a| a.report),
@@ -1133,7 +1167,10 @@ mod tests {
             &["reap", "x", "quiet"],
             &["reap", "3", "loud"],
             &["reap", "3"],
-            &["reap", "3", "quiet", "more"],
+            &["reap", "3", "quiet", "5"],
+            &["reap", "3", "report", "1"],
+            &["reap", "3", "report", "x"],
+            &["reap", "3", "report", "5", "more"],
         ] {
             assert_eq!(reap_args(bad), None, "{bad:?}");
         }

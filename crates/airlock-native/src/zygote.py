@@ -229,16 +229,18 @@ def _airlock_zygote():
         return run(status, leader, status, job_control, handoff, work, fds[7:],
                    threads_at_fork)
 
-    def become_reaper(child, report):
+    def become_reaper(child, report, ready=None):
         # Once the sandbox is built, the leader and pid 1 only wait: as the sandbox init
         # (`init reap`, init.rs) rather than as forks of this interpreter, so that their
         # exits, between the job's and its reply, do not free the interpreter's whole
         # address space. Where that cannot be executed, this process waits as it is.
         if not reaper:
             return
+        argv = ["init", "reap", str(child), "report" if report else "quiet"]
+        if ready is not None:
+            argv.append(str(ready))
         try:
-            os.execve(reaper[0], ["init", "reap", str(child), "report" if report else "quiet"],
-                      {})
+            os.execve(reaper[0], argv, {})
         except OSError:
             pass
 
@@ -346,21 +348,25 @@ def _airlock_zygote():
             return job_process(status, ready_write, job_control)
         os.close(ready_write)
         os.close(job_control)
-        if not os.read(ready_read, 1):
-            report(status, {"event": "started"})
-        os.close(ready_read)
         null = os.open(os.devnull, os.O_RDWR)
         for number in (0, 1, 2):
             os.dup2(null, number)
         os.close(null)
         if reaper:
-            # The reaper reports on the status descriptor's usual number (plan.rs STATUS_FD).
-            if status != {STATUS_FD}:
-                os.dup2(status, {STATUS_FD}, inheritable=True)
-                os.close(status)
-                status = {STATUS_FD}
-            os.set_inheritable(status, True)
-            become_reaper(job, True)
+            # The reaper reports on the status descriptor's usual number (plan.rs
+            # STATUS_FD), and says the sandbox started once the job process is ready: the
+            # exec is done before the sandbox counts as ready.
+            status, ready_read = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+                                  for fd in (status, ready_read)]
+            os.dup2(status, {STATUS_FD})
+            os.dup2(ready_read, {STATUS_FD} + 1)
+            os.close(ready_read)
+            os.close(status)
+            status, ready_read = {STATUS_FD}, {STATUS_FD} + 1
+            become_reaper(job, True, ready_read)
+        if not os.read(ready_read, 1):
+            report(status, {"event": "started"})
+        os.close(ready_read)
         while True:
             pid, code = os.wait()
             if pid != job:

@@ -647,7 +647,7 @@ async fn jobs_finding_no_sandbox_ready_run_in_one_forked_for_them() {
         let body = job.await.unwrap();
         assert_eq!(
             body["stdout"],
-            "[b'init', b'reap', b'2', b'report']\n",
+            "[b'init', b'reap', b'2', b'report', b'5']\n",
             "{body:#}\n{}",
             forked.log()
         );
