@@ -997,6 +997,7 @@ async fn run_kernel_call(
         }
         Ended::KernelDied(obs) => {
             let why = describe_end(&obs);
+            tracing::warn!(session = %session.id, call = number, why = %why, "the session's kernel ended during a call");
             report.termination = Termination::Unknown;
             report.oom_kills = u64::from(obs.outcome == Outcome::Oom);
             if obs.outcome == Outcome::Timeout {

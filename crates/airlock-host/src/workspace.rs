@@ -190,7 +190,9 @@ impl Workspace {
     }
 
     /// Writes `content` at `rel`, creating the directories on the way; what sits at the
-    /// name (a file, a link) is unlinked first. A full workspace is `invalid_input`.
+    /// name (a file, a link) is unlinked first. The file appears whole: it is written under
+    /// a temporary name and renamed, so a job polling for it (the session kernel waiting for
+    /// its next call) never reads it half written. A full workspace is `invalid_input`.
     pub fn write_file(&self, rel: &str, content: &[u8]) -> Result<(), HostError> {
         write_file_at(&self.root()?, rel, content, Mode::from_raw_mode(0o644))
     }
@@ -372,19 +374,52 @@ pub fn write_file_at(
             file_error(rel, format!("write: {e}"), ErrorKind::Internal)
         }
     };
-    let fd = rustix::fs::openat(
-        &dir,
-        name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        mode,
-    )
-    .map_err(|e| full(e.into()))?;
+    let (fd, temp) = create_temporary(&dir, mode).map_err(|e| full(e.into()))?;
     let mut file = std::fs::File::from(fd);
     if let Err(e) = file.write_all(content) {
-        let _ = rustix::fs::unlinkat(&dir, name, AtFlags::empty());
+        let _ = rustix::fs::unlinkat(&dir, &temp, AtFlags::empty());
         return Err(full(e));
     }
+    drop(file);
+    // Whatever the job put at the name meanwhile is replaced; a directory stays and fails.
+    if let Err(e) = rustix::fs::renameat(&dir, &temp, &dir, name) {
+        let _ = rustix::fs::unlinkat(&dir, &temp, AtFlags::empty());
+        return Err(match e {
+            Errno::ISDIR | Errno::NOTEMPTY => {
+                file_error(rel, "is a directory", ErrorKind::InvalidInput)
+            }
+            e => file_error(rel, format!("rename into place: {e}"), ErrorKind::Internal),
+        });
+    }
     Ok(())
+}
+
+/// Prefix of the names files are written under before they are renamed into place.
+const TEMPORARY_PREFIX: &str = ".airlock-write-";
+
+/// Creates a new, empty file in `dir` under a name of its own (never one that existed: a
+/// job may have made links there), returning it and its name.
+fn create_temporary(dir: &OwnedFd, mode: Mode) -> Result<(OwnedFd, String), Errno> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut attempt = 0;
+    loop {
+        let name = format!(
+            "{TEMPORARY_PREFIX}{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        match rustix::fs::openat(
+            dir,
+            name.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            mode,
+        ) {
+            Ok(fd) => return Ok((fd, name)),
+            Err(Errno::EXIST) if attempt < 16 => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Reads a regular file below `root`, at most `cap` bytes.
@@ -565,4 +600,72 @@ fn chown_below(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_write_replaces_files_and_links_refuses_directories_and_leaves_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = open_root(tmp.path()).unwrap();
+        let mode = Mode::from_raw_mode(0o644);
+        write_file_at(&root, "a/b.txt", b"first", mode).unwrap();
+        write_file_at(&root, "a/b.txt", b"second", mode).unwrap();
+        assert_eq!(std::fs::read(tmp.path().join("a/b.txt")).unwrap(), b"second");
+        // A link at the name is replaced, never followed.
+        let outside = tmp.path().join("outside");
+        std::fs::write(&outside, b"untouched").unwrap();
+        std::os::unix::fs::symlink(&outside, tmp.path().join("a/link")).unwrap();
+        write_file_at(&root, "a/link", b"mine", mode).unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"untouched");
+        assert_eq!(std::fs::read(tmp.path().join("a/link")).unwrap(), b"mine");
+        std::fs::create_dir(tmp.path().join("a/dir")).unwrap();
+        let err = write_file_at(&root, "a/dir", b"x", mode).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+        assert_eq!(names(&tmp.path().join("a")), ["b.txt", "dir", "link"]);
+    }
+
+    #[test]
+    fn a_reader_never_sees_a_file_half_written() {
+        // The session kernel polls for its next call's order file and reads it as soon as
+        // it exists: a file seen before its content was written killed the kernel.
+        let tmp = tempfile::tempdir().unwrap();
+        let root = open_root(tmp.path()).unwrap();
+        let content = vec![b'x'; 256 * 1024];
+        let path = tmp.path().join("order");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (path, stop, len) = (path.clone(), stop.clone(), content.len());
+            std::thread::spawn(move || {
+                let mut reads = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match std::fs::read(&path) {
+                        Ok(bytes) => {
+                            assert_eq!(bytes.len(), len, "read a file half written");
+                            reads += 1;
+                        }
+                        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
+                    }
+                }
+                reads
+            })
+        };
+        for _ in 0..300 {
+            write_file_at(&root, "order", &content, Mode::from_raw_mode(0o644)).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads = reader.join().unwrap();
+        assert!(reads > 0, "the reader never saw the file");
+    }
 }
