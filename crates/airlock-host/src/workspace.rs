@@ -622,7 +622,10 @@ mod tests {
         let mode = Mode::from_raw_mode(0o644);
         write_file_at(&root, "a/b.txt", b"first", mode).unwrap();
         write_file_at(&root, "a/b.txt", b"second", mode).unwrap();
-        assert_eq!(std::fs::read(tmp.path().join("a/b.txt")).unwrap(), b"second");
+        assert_eq!(
+            std::fs::read(tmp.path().join("a/b.txt")).unwrap(),
+            b"second"
+        );
         // A link at the name is replaced, never followed.
         let outside = tmp.path().join("outside");
         std::fs::write(&outside, b"untouched").unwrap();
