@@ -114,6 +114,9 @@ fn exit_code(observation: &Observation) -> ExitCode {
 }
 
 pub fn run(args: RunArgs) -> ExitCode {
+    if args.backend == "native" {
+        airlock_native::start_making_init_early();
+    }
     let json = args.json;
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -17,6 +17,8 @@ mod init_program;
 pub mod minimal_root;
 mod mount_plan;
 pub mod plan;
+/// See [`init_program::start_early`].
+pub use init_program::start_early as start_making_init_early;
 pub mod pool;
 pub mod zygote;
 
