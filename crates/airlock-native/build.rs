@@ -32,6 +32,7 @@ fn main() -> Result<(), String> {
         "crates/airlock-native/src/init.rs",
         "crates/airlock-native/src/plan.rs",
         "crates/airlock-sys/src",
+        "crates/airlock-sys/build.rs",
         "crates/airlock-sys/Cargo.toml",
         "crates/airlock-host/src",
         "crates/airlock-host/Cargo.toml",
