@@ -121,26 +121,26 @@ pub trait Backend: Send + Sync {
     /// What it supports here.
     fn capabilities(&self) -> Capabilities;
 
-    /// Runs one job in a fresh sandbox and destroys the sandbox before returning. When
-    /// `tap` is given, kept output is also passed to it as it is read.
-    fn run<'a>(
-        &'a self,
-        job: &'a JobSpec,
-        tap: Option<OutputTap>,
-    ) -> BoxFuture<'a, Result<RunReport, BackendError>>;
-
-    /// Like [`Backend::run`], but returns as soon as the report is complete: every process
-    /// of the job is gone and its output and `/out` are drained. What is left of the
-    /// sandbox (its cgroup, mounts, job directory, container or pod) is removed by the
-    /// returned [`Teardown`], which the caller must run before it reuses the job's slot or
-    /// reports itself idle. On an error the sandbox is removed before this returns. A
-    /// backend without a separable removal keeps the default: `run`, then nothing left.
+    /// Runs one job in a fresh sandbox and returns as soon as the report is complete: every
+    /// process of the job is gone and its output and `/out` are drained. When `tap` is
+    /// given, kept output is also passed to it as it is read. What is left of the sandbox
+    /// (its cgroup, mounts, job directory, container or pod) is removed by the returned
+    /// [`Teardown`], which the caller must run before it reuses the job's slot or reports
+    /// itself idle; a backend with nothing separable to remove returns
+    /// [`Teardown::none`]. On an error the sandbox is removed before this returns.
     fn run_then_teardown<'a>(
         &'a self,
         job: &'a JobSpec,
         tap: Option<OutputTap>,
-    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>> {
-        Box::pin(async move { Ok((self.run(job, tap).await?, Teardown::none())) })
+    ) -> BoxFuture<'a, Result<(RunReport, Teardown), BackendError>>;
+
+    /// Like [`Backend::run_then_teardown`], but destroys the sandbox before returning.
+    fn run<'a>(
+        &'a self,
+        job: &'a JobSpec,
+        tap: Option<OutputTap>,
+    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        Box::pin(async move { Teardown::removed(self.run_then_teardown(job, tap).await).await })
     }
 
     /// Releases what the backend holds between jobs (sandboxes started ahead of time),
@@ -179,7 +179,7 @@ impl Teardown {
     }
 
     /// The report of a [`Backend::run_then_teardown`] result once its removal has run:
-    /// what [`Backend::run`] returns. Every backend's `run` is this.
+    /// what [`Backend::run`] returns.
     pub async fn removed<E>(ran: Result<(RunReport, Teardown), E>) -> Result<RunReport, E> {
         let (report, teardown) = ran?;
         teardown.run().await;

@@ -312,6 +312,28 @@ pub struct NetworkCounts {
 }
 
 impl RunReport {
+    /// The report of a job that ended as `termination` after `duration`, with nothing
+    /// captured, measured or released: what a backend that reads those elsewhere (a
+    /// session's kernel call, the test backends) starts from.
+    pub fn ended(termination: Termination, duration: Duration) -> Self {
+        Self {
+            termination,
+            limit_hit: None,
+            oom_kills: 0,
+            stdout: CapturedOutput::default(),
+            stderr: CapturedOutput::default(),
+            duration,
+            setup: Duration::ZERO,
+            cpu_time: None,
+            peak_memory_bytes: None,
+            image_digest: None,
+            degraded: Vec::new(),
+            out_files: Vec::new(),
+            out_rejected: Vec::new(),
+            network: None,
+        }
+    }
+
     /// The outcome, by precedence: a limit the supervisor enforced, then an OOM kill,
     /// then a signal, then a normal exit.
     pub fn outcome(&self) -> Outcome {
@@ -610,20 +632,11 @@ mod tests {
 
     fn report(termination: Termination) -> RunReport {
         RunReport {
-            termination,
-            limit_hit: None,
-            oom_kills: 0,
             stdout: CapturedOutput::whole(b"45\n"),
-            stderr: CapturedOutput::default(),
-            duration: Duration::from_millis(21),
             setup: Duration::from_millis(5),
             cpu_time: Some(Duration::from_millis(18)),
             peak_memory_bytes: Some(9_437_184),
-            image_digest: None,
-            degraded: Vec::new(),
-            out_files: Vec::new(),
-            out_rejected: Vec::new(),
-            network: None,
+            ..RunReport::ended(termination, Duration::from_millis(21))
         }
     }
 

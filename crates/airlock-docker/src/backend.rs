@@ -1021,14 +1021,6 @@ impl Backend for DockerBackend {
         }
     }
 
-    fn run<'a>(
-        &'a self,
-        job: &'a JobSpec,
-        tap: Option<OutputTap>,
-    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
-        Box::pin(async move { self.run_job(job, tap).await.map_err(BackendError::from) })
-    }
-
     fn run_then_teardown<'a>(
         &'a self,
         job: &'a JobSpec,

@@ -438,11 +438,11 @@ mod tests {
                 image_rootfs: false,
             }
         }
-        fn run<'a>(
+        fn run_then_teardown<'a>(
             &'a self,
             _job: &'a JobSpec,
             _tap: Option<OutputTap>,
-        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        ) -> BoxFuture<'a, Result<(RunReport, airlock_core::Teardown), BackendError>> {
             Box::pin(async { Err(BackendError::new(ErrorKind::BackendUnavailable, "down")) })
         }
     }
@@ -458,13 +458,6 @@ mod tests {
         fn capabilities(&self) -> Capabilities {
             Refusing.capabilities()
         }
-        fn run<'a>(
-            &'a self,
-            _job: &'a JobSpec,
-            _tap: Option<OutputTap>,
-        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
-            Box::pin(async { panic!("the engine runs jobs with run_then_teardown") })
-        }
         fn run_then_teardown<'a>(
             &'a self,
             _job: &'a JobSpec,
@@ -472,22 +465,7 @@ mod tests {
         ) -> BoxFuture<'a, Result<(RunReport, airlock_core::Teardown), BackendError>> {
             let removed = self.removed.clone();
             Box::pin(async move {
-                let report = RunReport {
-                    termination: airlock_core::Termination::Exited(0),
-                    limit_hit: None,
-                    oom_kills: 0,
-                    stdout: Default::default(),
-                    stderr: Default::default(),
-                    duration: Duration::ZERO,
-                    setup: Duration::ZERO,
-                    cpu_time: None,
-                    peak_memory_bytes: None,
-                    image_digest: None,
-                    degraded: Vec::new(),
-                    out_files: Vec::new(),
-                    out_rejected: Vec::new(),
-                    network: None,
-                };
+                let report = RunReport::ended(airlock_core::Termination::Exited(0), Duration::ZERO);
                 Ok((
                     report,
                     airlock_core::Teardown::new(async move { removed.notified().await }),

@@ -936,20 +936,10 @@ async fn run_kernel_call(
     }
     let (stdout, stderr) = output.finish();
     let mut report = RunReport {
-        termination: Termination::Exited(0),
         limit_hit: flooded.then_some(LimitHit::OutputFlood),
-        oom_kills: 0,
         stdout,
         stderr,
-        duration,
-        setup: Duration::ZERO,
-        cpu_time: None,
-        peak_memory_bytes: None,
-        image_digest: None,
-        degraded: Vec::new(),
-        out_files: Vec::new(),
-        out_rejected: Vec::new(),
-        network: None,
+        ..RunReport::ended(Termination::Exited(0), duration)
     };
     let mut value = None;
     let mut error = None;

@@ -1288,18 +1288,6 @@ impl Backend for NativeBackend {
         }
     }
 
-    fn run<'a>(
-        &'a self,
-        job: &'a JobSpec,
-        tap: Option<OutputTap>,
-    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
-        Box::pin(async move {
-            self.run_job_with(job, tap)
-                .await
-                .map_err(BackendError::from)
-        })
-    }
-
     fn run_then_teardown<'a>(
         &'a self,
         job: &'a JobSpec,

@@ -622,13 +622,6 @@ mod tests {
             }
             .capabilities()
         }
-        fn run<'a>(
-            &'a self,
-            _job: &'a JobSpec,
-            _tap: Option<airlock_core::OutputTap>,
-        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
-            Box::pin(async { panic!("the server runs jobs with run_then_teardown") })
-        }
         fn run_then_teardown<'a>(
             &'a self,
             job: &'a JobSpec,
@@ -660,29 +653,15 @@ mod tests {
                 image_rootfs: false,
             }
         }
-        fn run<'a>(
+        fn run_then_teardown<'a>(
             &'a self,
             _job: &'a JobSpec,
             _tap: Option<airlock_core::OutputTap>,
-        ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
+        ) -> BoxFuture<'a, Result<(RunReport, airlock_core::Teardown), BackendError>> {
             Box::pin(async move {
                 tokio::time::sleep(self.delay).await;
-                Ok(RunReport {
-                    termination: airlock_core::Termination::Exited(0),
-                    limit_hit: None,
-                    oom_kills: 0,
-                    stdout: Default::default(),
-                    stderr: Default::default(),
-                    duration: self.delay,
-                    setup: Duration::ZERO,
-                    cpu_time: None,
-                    peak_memory_bytes: None,
-                    image_digest: None,
-                    degraded: Vec::new(),
-                    out_files: Vec::new(),
-                    out_rejected: Vec::new(),
-                    network: None,
-                })
+                let report = RunReport::ended(airlock_core::Termination::Exited(0), self.delay);
+                Ok((report, airlock_core::Teardown::none()))
             })
         }
     }

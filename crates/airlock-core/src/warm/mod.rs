@@ -417,14 +417,6 @@ impl<S: WarmSandboxes> Backend for WarmPool<S> {
         self.shared.sandboxes.capabilities()
     }
 
-    fn run<'a>(
-        &'a self,
-        job: &'a JobSpec,
-        tap: Option<OutputTap>,
-    ) -> BoxFuture<'a, Result<RunReport, BackendError>> {
-        Box::pin(async move { self.run_job_with(job, tap).await.map_err(Into::into) })
-    }
-
     fn run_then_teardown<'a>(
         &'a self,
         job: &'a JobSpec,
@@ -599,7 +591,6 @@ mod tests {
     //! The pool's rules against a fake backend whose sandboxes are ids: which sandbox a job
     //! got, which were discarded, which are still up.
     use super::*;
-    use crate::capture::CapturedOutput;
     use crate::observation::Termination;
     use crate::{BackendError, ErrorKind, JobRequest, Policy};
     use pretty_assertions::assert_eq;
@@ -691,22 +682,7 @@ mod tests {
     }
 
     fn report() -> RunReport {
-        RunReport {
-            termination: Termination::Exited(0),
-            limit_hit: None,
-            oom_kills: 0,
-            stdout: CapturedOutput::default(),
-            stderr: CapturedOutput::default(),
-            duration: Duration::ZERO,
-            setup: Duration::ZERO,
-            cpu_time: None,
-            peak_memory_bytes: None,
-            image_digest: None,
-            degraded: Vec::new(),
-            out_files: Vec::new(),
-            out_rejected: Vec::new(),
-            network: None,
-        }
+        RunReport::ended(Termination::Exited(0), Duration::ZERO)
     }
 
     impl WarmSandboxes for Fake {
