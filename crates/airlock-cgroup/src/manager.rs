@@ -259,17 +259,22 @@ impl CgroupManager {
         Ok(job)
     }
 
-    /// Kills and removes the group `name` left behind by a job whose supervisor died. The
-    /// caller decides the job is stale (airlock-native holds a lock per live job); groups
-    /// missing under some parents are skipped.
-    pub fn remove_stale_job(&self, name: &str) -> Result<(), CgroupError> {
+    /// The directories of the group `name` that exist, one per parent at most.
+    fn existing_dirs(&self, name: &str) -> Result<Vec<GroupDir>, CgroupError> {
         validate_name(name)?;
-        let dirs: Vec<GroupDir> = self
+        Ok(self
             .parents
             .iter()
             .map(|parent| parent.child(name))
             .filter(|dir| dir.dir.is_dir())
-            .collect();
+            .collect())
+    }
+
+    /// Kills and removes the group `name` left behind by a job whose supervisor died. The
+    /// caller decides the job is stale (airlock-native holds a lock per live job); groups
+    /// missing under some parents are skipped.
+    pub fn remove_stale_job(&self, name: &str) -> Result<(), CgroupError> {
+        let dirs = self.existing_dirs(name)?;
         if dirs.is_empty() {
             return Ok(());
         }
@@ -294,13 +299,7 @@ impl CgroupManager {
         name: &str,
         min_age: Duration,
     ) -> Result<bool, CgroupError> {
-        validate_name(name)?;
-        let dirs: Vec<GroupDir> = self
-            .parents
-            .iter()
-            .map(|parent| parent.child(name))
-            .filter(|dir| dir.dir.is_dir())
-            .collect();
+        let dirs = self.existing_dirs(name)?;
         for dir in &dirs {
             let young = std::fs::metadata(&dir.dir)
                 .and_then(|m| m.modified())
