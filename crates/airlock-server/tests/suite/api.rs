@@ -237,14 +237,7 @@ async fn a_burst_larger_than_the_queue_gets_429_with_retry_after() {
         (2, 4),
         "one running, one queued, the rest refused"
     );
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&server).await;
     assert!(
         metrics.contains("airlock_requests_rejected_total{reason=\"queue_full\"} 4"),
         "{metrics}"
@@ -575,14 +568,7 @@ async fn a_server_without_tokens_serves_no_web_page() {
         assert_eq!(answer.status, 200, "{headers:?}: {:#}", answer.body);
     }
     // Each refusal is counted: 3 untyped bodies; 3 hosts on 6 routes and 1 origin.
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&server).await;
     for needle in [
         "airlock_requests_rejected_total{reason=\"not_json\"} 3\n",
         "airlock_requests_rejected_total{reason=\"foreign_host\"} 19\n",

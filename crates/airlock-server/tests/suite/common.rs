@@ -325,17 +325,23 @@ pub async fn wait_health(server: &Server, check: impl Fn(&Value) -> bool) -> Val
     }
 }
 
-/// One series of `/metrics` (0 when absent).
-pub async fn metric(server: &Server, series: &str) -> u64 {
-    let text = client()
+/// The text of `/metrics` (no token).
+pub async fn metrics_text(server: &Server) -> String {
+    client()
         .get(server.url("/metrics"))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+/// One series of `/metrics` (0 when absent).
+pub async fn metric(server: &Server, series: &str) -> u64 {
+    metrics_text(server)
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
 }
