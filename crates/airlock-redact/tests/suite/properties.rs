@@ -100,6 +100,15 @@ fn with_operator_values() -> &'static Redactor {
     })
 }
 
+/// The markers of `r`'s own labels in `text`, which it writes and protects. A look-alike
+/// with a label no rule has (`[REDACTED:(` in generated text) is ordinary text, which a
+/// secret's replacement may swallow: counting the prefix alone took that for a marker lost.
+fn markers(r: &Redactor, text: &str) -> usize {
+    r.rules()
+        .map(|rule| text.matches(&format!("[REDACTED:{}]", rule.id)).count())
+        .sum()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -132,7 +141,7 @@ proptest! {
     fn each_secret_is_counted((text, secrets) in output()) {
         let out = builtin().redact(&text);
         prop_assert!(secrets.is_empty() || out.count >= 1);
-        let added = out.text.matches("[REDACTED:").count() - text.matches("[REDACTED:").count();
+        let added = markers(builtin(), &out.text) - markers(builtin(), &text);
         prop_assert_eq!(out.count, added as u64);
         prop_assert_eq!(out.by_rule.values().sum::<u64>(), out.count);
     }
@@ -180,4 +189,17 @@ proptest! {
             }
         }
     }
+}
+
+/// Found by `each_secret_is_counted`: a password holding a look-alike marker is replaced
+/// whole, and counted once.
+#[test]
+fn a_look_alike_marker_inside_a_secret_goes_with_it() {
+    let out = builtin().redact("postgres://(:([REDACTED:(@ ");
+    assert_eq!(
+        out.text,
+        "postgres://(:[REDACTED:connection-string-password]@ "
+    );
+    assert_eq!(out.count, 1);
+    assert_eq!(markers(builtin(), &out.text), 1);
 }
