@@ -423,7 +423,7 @@ fn run_mapper(go: &OwnedFd, helper: Pid, ids: &IdMapping) -> Result<(), StepFail
 /// Pid 1 of the sandbox.
 fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd, handoff: Option<OwnedFd>) -> ! {
     match init_and_spawn(&plan, status, alive, handoff) {
-        Ok(job) => reap_until_job_exits(status, job, plan.program == ProgramRole::Zygote),
+        Ok(job) => reap_until_job_exits(Some(status), job, plan.program == ProgramRole::Zygote),
         Err(failure) => {
             if !failure.reported {
                 report(status, &failure.event());
@@ -501,11 +501,13 @@ fn init_and_spawn(
 /// reports how it ended and exits, which tears down the pid namespace. With `outlive_job`
 /// (a zygote's template) it reports the program's end and goes on reaping until no process
 /// of the namespace is left: the zygote's children, each running a job in namespaces of
-/// its own below this one, would otherwise end with it.
-fn reap_until_job_exits(status: &OwnedFd, job: Pid, outlive_job: bool) -> ! {
+/// its own below this one, would otherwise end with it. Without `status` (a forked
+/// sandbox's leader, waiting for its pid 1) nothing is reported.
+fn reap_until_job_exits(status: Option<&OwnedFd>, job: Pid, outlive_job: bool) -> ! {
     loop {
         match rustix::process::wait(WaitOptions::empty()) {
             Ok(Some((pid, st))) if pid == job && outlive_job => {
+                let Some(status) = status else { continue };
                 let event = match (st.exit_status(), st.terminating_signal()) {
                     (Some(code), _) => InitEvent::Exited { code, usage: None },
                     (None, Some(signal)) => InitEvent::Signaled {
@@ -517,6 +519,12 @@ fn reap_until_job_exits(status: &OwnedFd, job: Pid, outlive_job: bool) -> ! {
                 report(status, &event);
             }
             Ok(Some((pid, st))) if pid == job => {
+                let Some(status) = status else {
+                    if st.exit_status().is_some() || st.terminating_signal().is_some() {
+                        process::exit_now(0)
+                    }
+                    continue;
+                };
                 let usage = process::children_usage().ok().map(|(cpu, rss)| Usage {
                     cpu_ms: u64::try_from(cpu.as_millis()).unwrap_or(u64::MAX),
                     max_rss_bytes: rss,
@@ -604,7 +612,7 @@ fn run_reaper(args: ReapArgs) -> ! {
         process::exit_now(1)
     }
     if !args.report {
-        reap_until_exits(None, args.child)
+        reap_until_job_exits(None, args.child, false)
     }
     let Ok(status) = process::claim_inherited_fd(STATUS_FD) else {
         process::exit_now(2)
@@ -626,28 +634,7 @@ fn run_reaper(args: ReapArgs) -> ! {
             report(&status, &InitEvent::Started);
         }
     }
-    reap_until_exits(Some(&status), args.child)
-}
-
-/// Reaps every child until `child` exits, then reports how it ended on `status`, if any,
-/// and exits.
-fn reap_until_exits(status: Option<&OwnedFd>, child: Pid) -> ! {
-    match status {
-        Some(status) => reap_until_job_exits(status, child, false),
-        None => loop {
-            match rustix::process::wait(WaitOptions::empty()) {
-                Ok(Some((pid, st)))
-                    if pid == child
-                        && (st.exit_status().is_some() || st.terminating_signal().is_some()) =>
-                {
-                    process::exit_now(0)
-                }
-                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::CHILD) => process::exit_now(0),
-                Err(_) => process::exit_now(1),
-            }
-        },
-    }
+    reap_until_job_exits(Some(&status), args.child, false)
 }
 
 /// Hands the supervisor, in one message, what only the sandbox can create: an open `/out`
