@@ -61,7 +61,9 @@ JOBS = {
         "print(re.sub('v', 'w', line) * (1_000_000 // len(line)), end='')\n"
     ),
 }
-EXPECT = {"sum": b"45\n", "1mb": b'{"k": "www'}
+EXPECT = {"sum": b"45\n", "1mb": b'{"k": "www', "pass": b""}
+# The job of the sandboxes-per-second table: an interpreter that starts and ends.
+SANDBOX_JOBS = {"pass": "pass\n"}
 PYTHON = "/usr/bin/python3"
 
 
@@ -92,7 +94,8 @@ class Contender:
     def one(self, job):
         """A callable running one job, with per-thread state (a connection)."""
         if self.server:
-            body = json.dumps({"language": "python", "code": JOBS[job]}).encode()
+            code = JOBS[job] if job in JOBS else SANDBOX_JOBS[job]
+            body = json.dumps({"language": "python", "code": code}).encode()
             host, port = self.server
 
             def run(state):
@@ -161,6 +164,24 @@ def throughput(contender, job, n_jobs, clients):
     if errors:
         raise SystemExit(f"{contender.name} ({job}, {clients} in flight): {len(errors)} failed: {errors[:2]}")
     return done[0] / wall, latencies
+
+
+def sandboxes_per_second(contender, n_jobs, clients, rounds, warm_pool):
+    """Sandboxes made, run (`pass`) and ended per second with `clients` jobs in flight,
+    the median of `rounds` runs of `n_jobs`. For a server each round starts with its warm
+    pool full and ends once it has no job in flight: it holds a job's slot until that
+    job's sandbox is removed, so every sandbox counted is gone by then."""
+    rates = []
+    for _ in range(rounds):
+        if contender.server:
+            wait_ready(contender.server, warm_pool)
+        start = time.perf_counter()
+        throughput(contender, "pass", n_jobs, clients)
+        if contender.server:
+            while metric(contender.server, "airlock_jobs_in_flight") > 0:
+                time.sleep(0.002)
+        rates.append(n_jobs / (time.perf_counter() - start))
+    return statistics.median(rates)
 
 
 def latency_http(contender, job, runs, warmup, want_ready=0):
@@ -261,8 +282,11 @@ def observation_then_exit(airlock, policy, work, runs):
     return read, exited
 
 
-def start_server(airlock, policy, work, name, backend="native"):
-    env = dict(os.environ, AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"), AIRLOCK_LOG="warn")
+def start_server(airlock, policy, work, name, backend="native", environ=None):
+    """`airlock serve` on a free port of 127.0.0.1, in `environ` (default: ours); its
+    process and address."""
+    env = dict(os.environ if environ is None else environ,
+               AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"), AIRLOCK_LOG="warn")
     proc = subprocess.Popen(
         [airlock, "serve", "--listen", "127.0.0.1:0", "--policy", policy, "--queue", "1000",
          "--backend", backend],
@@ -412,10 +436,12 @@ def main():
     p.add_argument("--image", default="", help="the container backends' image, REF@sha256:...")
     p.add_argument("--warm-pool", type=int, default=4)
     p.add_argument("--only", default="", help="comma-separated contender names")
+    p.add_argument("--sandboxes", type=int, default=300,
+                   help="jobs per round of the sandboxes-per-second table (0: no table)")
     args = p.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     work = args.work
-    for job, code in JOBS.items():
+    for job, code in {**JOBS, **SANDBOX_JOBS}.items():
         with open(os.path.join(work, f"{job}.py"), "w") as f:
             f.write(code)
     os.chmod(work, 0o755)
@@ -456,14 +482,17 @@ def main():
     def py(job):
         return [PYTHON, "-I", os.path.join(work, f"{job}.py")]
 
-    def bwrap(job):
+    def bwrap_running(*program):
         return ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
                 "--setenv", "PATH", "/usr/bin:/bin", "--ro-bind", "/usr", "/usr",
                 "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
                 "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev",
                 "--tmpfs", "/tmp", "--ro-bind", work, "/work", "--chdir", "/work",
                 "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
-                PYTHON, "-I", f"/work/{job}.py"]
+                *program]
+
+    def bwrap(job):
+        return bwrap_running(PYTHON, "-I", f"/work/{job}.py")
 
     ref = ["--network", "none", "--read-only", "--tmpfs", "/tmp:rw,noexec,nosuid,size=16m",
            "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
@@ -544,6 +573,7 @@ def main():
 
     servers = []
     memory = {}
+    sandbox_rates = {}
     pool_totals = {}
     try:
         by_name = {c.name: c for c in contenders}
@@ -630,6 +660,20 @@ def main():
         for c in runnable:
             if c.warm_key:
                 pool_totals[c.name] = (metric(c.server, HIT_SERIES), metric(c.server, MISS_SERIES))
+        # Sandboxes per second the way peers publish it (issue 35): each a fresh sandbox
+        # that runs `python3 -c pass` and is destroyed, at saturation.
+        sandbox_clients = 4 * (os.cpu_count() or 1)
+        if args.sandboxes and not by_name["serve zygote"].missing:
+            sandbox_rows = [Contender("python3 -c pass", lambda _job: [PYTHON, "-I", "-c", "pass"])]
+            if not by_name["bwrap"].missing:
+                sandbox_rows.append(Contender("bwrap --unshare-all python3 -c pass",
+                                              lambda _job: bwrap_running(PYTHON, "-I", "-c", "pass")))
+            sandbox_rows.append(by_name["serve zygote"])
+            for c in sandbox_rows:
+                log(f"== sandboxes per second: {c.name}, {sandbox_clients} in flight, "
+                    f"3 rounds of {args.sandboxes}")
+                sandbox_rates[c.name] = sandboxes_per_second(c, args.sandboxes, sandbox_clients,
+                                                             3, args.warm_pool)
     finally:
         for proc in servers:
             proc.terminate()
@@ -719,6 +763,17 @@ def main():
                 if (warm, job) in lat and (rival, job) in lat:
                     ratio = statistics.median(lat[(warm, job)]) / statistics.median(lat[(rival, job)])
                     print(f"- `{job}`: {warm} median / {rival} median = {ratio:.2f} (issue 18's target: 0.2 or less)")
+        print()
+    if sandbox_rates:
+        base = sandbox_rates["python3 -c pass"]
+        print(f"Sandboxes per second (issue 35): each job `pass` in a sandbox of its own, made, "
+              f"run and destroyed, {4 * (os.cpu_count() or 1)} in flight, median of 3 rounds of "
+              f"{args.sandboxes}; `serve zygote` forks each from the zygote, with fresh "
+              "namespaces, cgroup, root and filters, and a round ends once every sandbox is "
+              "removed; python3 has no sandbox at all, bwrap no cgroup and no seccomp\n")
+        print("| contender | sandboxes/s | × python3 |\n|:---|---:|---:|")
+        for name, rate in sandbox_rates.items():
+            print(f"| {name} | {rate:.1f} | {rate / base:.2f} |")
         print()
     if observation:
         read, exited = observation

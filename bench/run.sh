@@ -13,16 +13,15 @@
 # listed as not run. Run it on a quiet machine: every figure is wall-clock time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ]; then
-  echo "bench/run.sh: run as root (the native sandbox's cgroups)" >&2
-  exit 1
-fi
+. scripts/ci/lib.sh
+ci_begin bench/run.sh "the native sandbox's cgroups"
+need=()
 for pair in hyperfine:hyperfine bwrap:bubblewrap; do
-  command -v "${pair%%:*}" >/dev/null \
-    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pair#*:}" >/dev/null
+  command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
-cargo build --release --locked -q -p airlock-cli
-target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+ci_install "${need[@]}"
+# The release build (AIRLOCK_BIN names another binary to measure).
+ci_airlock_bin release
 image=""
 docker_sock=/var/run/docker.sock
 case "${DOCKER_HOST:-}" in unix://*) docker_sock="${DOCKER_HOST#unix://}" ;; esac
@@ -32,14 +31,20 @@ if curl -sf --unix-socket "$docker_sock" http://localhost/_ping >/dev/null 2>&1;
 fi
 work="$(mktemp -d /tmp/airlock-bench.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
-python3 bench/bench.py --airlock "$target_dir/release/airlock" --work "$work" --image "$image" "$@"
+python3 bench/bench.py --airlock "$AIRLOCK_BIN" --work "$work" --image "$image" "$@"
 # The data job with and without [native] warm_preload (docs/speed.md), numpy and pandas from
 # the pinned package directory the tests use.
 pylib="$(scripts/ci/pylib.sh)"
-python3 bench/pandas.py --airlock "$target_dir/release/airlock" --work "$work" --pylib "$pylib"
+python3 bench/pandas.py --airlock "$AIRLOCK_BIN" --work "$work" --pylib "$pylib"
 # An HTTPS request through the egress proxy's TLS interception beside a plain tunnel
 # (issue 16), timed inside one job.
-python3 bench/tls.py --airlock "$target_dir/release/airlock" --work "$work"
+python3 bench/tls.py --airlock "$AIRLOCK_BIN" --work "$work"
+# Warm jobs with OpenTelemetry export on (to an accepting receiver on 127.0.0.1) beside
+# off, alternating in one run: p50 and throughput, on over off (issue 33).
+python3 bench/otel.py --airlock "$AIRLOCK_BIN" --work "$work"
+# Time to interactive through E2B's Python SDK (issue 31), beside E2B's and Daytona's
+# published medians.
+bench/e2b.sh
 if [ -n "$image" ] && docker ps -aq --filter label=airlock.managed | grep -q .; then
   echo "bench/run.sh: airlock containers left behind" >&2
   exit 1

@@ -26,6 +26,9 @@ pins=(
   "langgraph==1.2.24"
   "openai-agents==0.20.0"
   "crewai==1.15.30"
+  "pydantic-ai-slim==2.68.0"
+  "llama-index-core==0.14.25"
+  "agent-framework-core==1.23.0"
 )
 
 if [ "$(id -u)" != 0 ]; then
@@ -78,12 +81,15 @@ if [ -z "${AIRLOCK_TEST_PYLIB:-}" ]; then
   AIRLOCK_TEST_PYLIB="$(../scripts/ci/pylib.sh)"
   export AIRLOCK_TEST_PYLIB
 fi
-# The tests run from a copy, so `import airlock` is the installed package, not ./airlock.
+# The tests run from a copy, so `import airlock` is the installed package, not ./airlock
+# (README.md goes along: test_readme.py runs its examples).
 mkdir -p "$work/run"
-cp -r tests pyproject.toml "$work/run/"
+cp -r tests pyproject.toml README.md "$work/run/"
 (
   cd "$work/run"
   unset AIRLOCK_BIN AIRLOCK_URL AIRLOCK_TOKEN
+  # The copy has no checkout around it: test_openapi.py reads the snapshot from here.
+  export AIRLOCK_OPENAPI_SNAPSHOT="$python_dir/../crates/airlock-server/src/snapshots/openapi.json"
   AIRLOCK_CI_WHEEL=1 "$venv/bin/python" -m pytest -p no:cacheprovider -rs "$@"
 ) || status=1
 

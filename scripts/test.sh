@@ -137,15 +137,23 @@ log "conformance suite on every backend (scripts/ci/docker.sh)"
 
 log "OCI images: build twice, load, registry push and pull, the suite on the image (scripts/ci/images.sh)"
 ./scripts/ci/images.sh
+log "the code-interpreter-v1 image: built from its pinned wheels, a kernel session on it (scripts/ci/code-interpreter.sh)"
+./scripts/ci/code-interpreter.sh
 
 log "Kubernetes backend: golden manifests, the kube feature, the fake cluster (scripts/ci/kube.sh)"
 ./scripts/ci/kube.sh
 
+log "E2B SDKs (Python pairs, Node) against a live airlock serve (scripts/ci/e2b.sh)"
+./scripts/ci/e2b.sh
+
 log "server: MCP client, OpenAPI validation, schemathesis (scripts/ci/server.sh)"
 ./scripts/ci/server.sh
+log "OpenTelemetry: OTLP export received and decoded with opentelemetry-proto (scripts/ci/otel.sh)" && ./scripts/ci/otel.sh
 
+./scripts/ci/js.sh  # the TypeScript package (js/): npm ci, lint, tsc --strict, tests with the AI SDK and MCP SDK, npm pack
 log "Python package: the wheel with the binary, ruff, mypy --strict, pytest with the frameworks (python/ci.sh)"
 ./python/ci.sh
+log "docs: every code block of README.md and docs/, run or checked (scripts/ci/docs.sh, after python/ci.sh: it uses that venv)" && ./scripts/ci/docs.sh
 
 if [ -s "$AIRLOCK_SKIP_LOG" ]; then
   echo "skipped tests:" >&2

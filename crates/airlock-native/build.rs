@@ -29,11 +29,11 @@ fn main() -> Result<(), String> {
     // whole by cargo.
     for path in [
         "crates/airlock-init",
-        "crates/airlock-native/src/init.rs",
-        "crates/airlock-native/src/plan.rs",
         "crates/airlock-sys/src",
-        "crates/airlock-sys/build.rs",
         "crates/airlock-sys/Cargo.toml",
+        "crates/airlock-seccomp/src",
+        "crates/airlock-seccomp/build.rs",
+        "crates/airlock-seccomp/Cargo.toml",
         "crates/airlock-host/src",
         "crates/airlock-host/Cargo.toml",
         "crates/airlock-core/src",

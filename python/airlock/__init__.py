@@ -4,7 +4,8 @@ and get a bounded JSON observation back.
 - `run_in_container(source, timeout_s=5)`: the drop-in tool handler, returns a dict.
 - `Client` / `AsyncClient`: `run(...) -> Observation`, `stream(...)`, `tool()`.
 - `airlock.tools.*`: the `run_code` tool for LangChain/LangGraph, CrewAI, the OpenAI
-  Agents SDK, and plain function-calling hosts.
+  Agents SDK, Pydantic AI, LlamaIndex, Microsoft Agent Framework, and plain
+  function-calling hosts.
 
 Local by default (the `airlock` binary this wheel installs; AIRLOCK_BIN overrides it);
 remote when AIRLOCK_URL (and AIRLOCK_TOKEN) are set or passed."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import importlib
 import json
 import ssl
 import urllib.parse
@@ -54,12 +55,28 @@ class Endpoint:
             headers["Content-Length"] = str(len(body))
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        headers.update(trace_context_headers())
         return headers
 
     @property
     def netloc(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+
+def trace_context_headers() -> dict[str, str]:
+    """The caller's current OpenTelemetry context as W3C headers (`traceparent`,
+    `tracestate`, `baggage`), so the job's span joins the caller's trace
+    (docs/telemetry.md); empty when `opentelemetry` is not installed or no span is active.
+    Imported by name: OpenTelemetry is the caller's choice, never this package's
+    dependency."""
+    try:
+        propagate: Any = importlib.import_module("opentelemetry.propagate")
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _retry_after(value: str | None) -> float | None:

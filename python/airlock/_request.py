@@ -9,7 +9,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:
+    # typing.Unpack is 3.11+; the package supports 3.10 and has no runtime dependencies.
+    from typing_extensions import Unpack
 
 from .errors import InvalidInput
 
@@ -133,6 +137,48 @@ class RunRequest:
         if self.args:
             argv += ["--", *self.args]
         return argv
+
+
+class RunOptions(TypedDict, total=False):
+    """The keywords of `Client.run`/`stream` and their async twins: every `RunRequest`
+    field but `source`, declared once (a test holds the two to each other)."""
+
+    language: str | None
+    files: Mapping[str, str | bytes] | None
+    stdin: str | bytes | None
+    args: Sequence[str]
+    timeout_s: float | None
+    memory: str | None
+    cpus: float | None
+    pids: int | None
+    network: NetworkMode | None
+    allow: Sequence[str]
+    env: Mapping[str, str] | None
+    return_files: bool
+
+
+def build_request(source: str | bytes, **options: Unpack[RunOptions]) -> RunRequest:
+    """The one place a call's keywords become a `RunRequest`: unset keywords take the
+    `RunRequest` defaults, `None` for `files`/`env` means none, sequences are copied.
+    Raises `TypeError` for a keyword that is not one (as a plain signature would)."""
+    unknown = sorted(set(options) - set(RunOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    return RunRequest(
+        source=source,
+        language=options.get("language", RunRequest.language),
+        files=dict(options.get("files") or {}),
+        stdin=options.get("stdin"),
+        args=tuple(options.get("args", ())),
+        timeout_s=options.get("timeout_s"),
+        memory=options.get("memory"),
+        cpus=options.get("cpus"),
+        pids=options.get("pids"),
+        network=options.get("network"),
+        allow=tuple(options.get("allow", ())),
+        env=dict(options.get("env") or {}),
+        return_files=options.get("return_files", RunRequest.return_files),
+    )
 
 
 def _file_json(path: str, content: str | bytes) -> dict[str, Any]:

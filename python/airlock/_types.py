@@ -20,6 +20,16 @@ ErrorKindName = Literal[
 StreamName = Literal["stdout", "stderr"]
 
 
+#: Attribute names that differ from the wire's, per class (`OutputFile.size` would
+#: otherwise shadow `bytes`; `content` holds the decoded `content_base64`), and the
+#: attributes that are not on the wire at all. tests/test_openapi.py holds every other
+#: attribute to the server's OpenAPI schema of the same name.
+WIRE_NAMES: dict[str, dict[str, str]] = {
+    "OutputFile": {"size": "bytes", "content": "content_base64"}
+}
+NOT_ON_WIRE: dict[str, frozenset[str]] = {"Observation": frozenset({"raw"})}
+
+
 class ObservationFormatError(ValueError):
     """A response that is not an observation (a proxy's error page, a different server)."""
 
@@ -94,6 +104,10 @@ class NetworkCounts:
     bytes_up: int
     bytes_down: int
     limit_hit: str | None
+    secrets_substituted: int = 0
+    """Placeholders of secrets the proxy replaced by their real values (a count only)."""
+    secrets_scrubbed: int = 0
+    """Real values of secrets the proxy replaced by placeholders in answers."""
 
 
 @dataclass
@@ -229,6 +243,8 @@ class Observation:
                     bytes_up=_int(network, "bytes_up"),
                     bytes_down=_int(network, "bytes_down"),
                     limit_hit=_opt_str(network, "limit_hit"),
+                    secrets_substituted=_opt_int(network, "secrets_substituted") or 0,
+                    secrets_scrubbed=_opt_int(network, "secrets_scrubbed") or 0,
                 )
                 if isinstance(network, Mapping)
                 else None

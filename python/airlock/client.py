@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _http, _local
-from ._request import NetworkMode, RunRequest
+from ._request import RunOptions, RunRequest, build_request
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 from ._types import Chunk, Observation
 from .errors import AirlockError, TransportError, raise_for_observation
 
@@ -263,39 +266,6 @@ class _Base:
         return (wall if wall is not None else UNKNOWN_WALL_S) + self.timeout_margin_s
 
 
-def _request(
-    source: str | bytes,
-    *,
-    language: str | None,
-    files: Mapping[str, str | bytes] | None,
-    stdin: str | bytes | None,
-    args: Sequence[str],
-    timeout_s: float | None,
-    memory: str | None,
-    cpus: float | None,
-    pids: int | None,
-    network: NetworkMode | None,
-    allow: Sequence[str],
-    env: Mapping[str, str] | None,
-    return_files: bool,
-) -> RunRequest:
-    return RunRequest(
-        source=source,
-        language=language,
-        files=dict(files or {}),
-        stdin=stdin,
-        args=tuple(args),
-        timeout_s=timeout_s,
-        memory=memory,
-        cpus=cpus,
-        pids=pids,
-        network=network,
-        allow=tuple(allow),
-        env=dict(env or {}),
-        return_files=return_files,
-    )
-
-
 class Client(_Base):
     """Runs jobs in airlock sandboxes.
 
@@ -331,46 +301,21 @@ class Client(_Base):
     def run(
         self,
         source: str | bytes,
-        *,
-        language: str | None = "python",
-        files: Mapping[str, str | bytes] | None = None,
-        stdin: str | bytes | None = None,
-        args: Sequence[str] = (),
-        timeout_s: float | None = None,
-        memory: str | None = None,
-        cpus: float | None = None,
-        pids: int | None = None,
-        network: NetworkMode | None = None,
-        allow: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        return_files: bool = False,
+        **options: Unpack[RunOptions],
     ) -> Observation:
         """Runs `source` in a fresh sandbox and returns the observation, whatever the
         program did (a non-zero exit, a timeout and an OOM kill are observations, not
-        errors). `files` maps paths under /work to their content. With `return_files`,
-        files the job writes to /out come back with their bytes (`Observation.files`).
+        errors). Keywords (`RunOptions`, the `RunRequest` fields): `language`
+        ("python" by default; `None` for the policy's default), `files` (paths under /work
+        to their content), `stdin`, `args`, `timeout_s`, `memory`, `cpus`, `pids`,
+        `network`, `allow`, `env`, and `return_files`: files the job writes to /out come
+        back with their bytes (`Observation.files`).
 
         Raises `InvalidInput`, `PolicyDenied`, `Unauthorized`, `BackendUnavailable` or
         `InternalError` when airlock could not run the job (each carries the error
         observation), and `TransportError` (`ClientTimeout`, `BinaryNotFound`) when the
         client could not reach airlock."""
-        return self.run_request(
-            _request(
-                source,
-                language=language,
-                files=files,
-                stdin=stdin,
-                args=args,
-                timeout_s=timeout_s,
-                memory=memory,
-                cpus=cpus,
-                pids=pids,
-                network=network,
-                allow=allow,
-                env=env,
-                return_files=return_files,
-            )
-        )
+        return self.run_request(build_request(source, **options))
 
     def stream_request(self, request: RunRequest) -> RunStream:
         """Streams a prepared `RunRequest`. See `stream`."""
@@ -392,41 +337,13 @@ class Client(_Base):
     def stream(
         self,
         source: str | bytes,
-        *,
-        language: str | None = "python",
-        files: Mapping[str, str | bytes] | None = None,
-        stdin: str | bytes | None = None,
-        args: Sequence[str] = (),
-        timeout_s: float | None = None,
-        memory: str | None = None,
-        cpus: float | None = None,
-        pids: int | None = None,
-        network: NetworkMode | None = None,
-        allow: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        return_files: bool = False,
+        **options: Unpack[RunOptions],
     ) -> RunStream:
         """Runs `source` and yields its output as it arrives (`POST /v1/runs?stream=true`),
         then leaves the observation on the stream. Chunks are a live preview: the
         observation's `stdout`/`stderr` are the authoritative, bounded result. In local
         mode each stream arrives whole when the job ended."""
-        return self.stream_request(
-            _request(
-                source,
-                language=language,
-                files=files,
-                stdin=stdin,
-                args=args,
-                timeout_s=timeout_s,
-                memory=memory,
-                cpus=cpus,
-                pids=pids,
-                network=network,
-                allow=allow,
-                env=env,
-                return_files=return_files,
-            )
-        )
+        return self.stream_request(build_request(source, **options))
 
 
 class AsyncClient(_Base):
@@ -471,38 +388,10 @@ class AsyncClient(_Base):
     async def run(
         self,
         source: str | bytes,
-        *,
-        language: str | None = "python",
-        files: Mapping[str, str | bytes] | None = None,
-        stdin: str | bytes | None = None,
-        args: Sequence[str] = (),
-        timeout_s: float | None = None,
-        memory: str | None = None,
-        cpus: float | None = None,
-        pids: int | None = None,
-        network: NetworkMode | None = None,
-        allow: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        return_files: bool = False,
+        **options: Unpack[RunOptions],
     ) -> Observation:
         """See `Client.run`."""
-        return await self.run_request(
-            _request(
-                source,
-                language=language,
-                files=files,
-                stdin=stdin,
-                args=args,
-                timeout_s=timeout_s,
-                memory=memory,
-                cpus=cpus,
-                pids=pids,
-                network=network,
-                allow=allow,
-                env=env,
-                return_files=return_files,
-            )
-        )
+        return await self.run_request(build_request(source, **options))
 
     def stream_request(self, request: RunRequest) -> AsyncRunStream:
         """Streams a prepared `RunRequest`. See `Client.stream`."""
@@ -526,35 +415,7 @@ class AsyncClient(_Base):
     def stream(
         self,
         source: str | bytes,
-        *,
-        language: str | None = "python",
-        files: Mapping[str, str | bytes] | None = None,
-        stdin: str | bytes | None = None,
-        args: Sequence[str] = (),
-        timeout_s: float | None = None,
-        memory: str | None = None,
-        cpus: float | None = None,
-        pids: int | None = None,
-        network: NetworkMode | None = None,
-        allow: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        return_files: bool = False,
+        **options: Unpack[RunOptions],
     ) -> AsyncRunStream:
         """See `Client.stream`; use with `async for`."""
-        return self.stream_request(
-            _request(
-                source,
-                language=language,
-                files=files,
-                stdin=stdin,
-                args=args,
-                timeout_s=timeout_s,
-                memory=memory,
-                cpus=cpus,
-                pids=pids,
-                network=network,
-                allow=allow,
-                env=env,
-                return_files=return_files,
-            )
-        )
+        return self.stream_request(build_request(source, **options))

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,6 +138,15 @@ def server(airlock_bin: str) -> Iterator[Server]:
 def mode(request: pytest.FixtureRequest) -> str:
     """Each test that takes `client` runs once per mode."""
     return str(request.param)
+
+
+@pytest.fixture
+def remote_or_local(mode: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The keywords of a client (`Client(**remote_or_local)`) for the mode."""
+    if mode == "local":
+        return {}
+    srv: Server = request.getfixturevalue("server")
+    return {"url": srv.url, "token": srv.token}
 
 
 @pytest.fixture

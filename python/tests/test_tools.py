@@ -12,14 +12,21 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import airlock
-from airlock.tools import definition, handle_call
+from airlock.tools import ARGUMENT_NAMES, definition, handle_call
 
-from .conftest import Server
+from .scripted import (
+    Script,
+    crewai_llm,
+    langchain_model,
+    observation_in,
+    openai_agents_model,
+)
 
 # Agent frameworks phone home unless told not to; CI has no network.
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
@@ -38,6 +45,8 @@ class Scenario:
     arguments: dict[str, Any]
     check: Callable[[dict[str, Any]], None]
     out_file: bool = False
+    failed: bool = False
+    """Whether the framework's own failure flag must be set (`airlock.tools.job_failed`)."""
 
 
 def _hello(seen: dict[str, Any]) -> None:
@@ -56,6 +65,11 @@ def _flood(seen: dict[str, Any]) -> None:
 def _secret(seen: dict[str, Any]) -> None:
     assert SECRET_TAIL not in json.dumps(seen)
     assert "[REDACTED:github-pat]" in seen["stdout"] and seen["redactions"] == 1
+
+
+def _nonzero(seen: dict[str, Any]) -> None:
+    assert seen["ok"] is False and seen["outcome"] == "exited" and seen["exit_code"] == 3
+    assert seen["stdout"] == "partial\n"
 
 
 def _refused(seen: dict[str, Any]) -> None:
@@ -78,10 +92,22 @@ SCENARIOS = [
         "timeout",
         {"language": "python", "code": "while True: pass", "timeout_s": 0.5, "files": None},
         _timeout,
+        failed=True,
     ),
     Scenario("flood", {"language": "python", "code": "print('x' * 2_000_000)"}, _flood),
     Scenario("secret", {"language": "python", "code": f"print('gh' + 'p_{SECRET_TAIL}')"}, _secret),
-    Scenario("refused", {"language": "python", "code": "print(1)", "timeout_s": 60}, _refused),
+    Scenario(
+        "nonzero",
+        {"language": "python", "code": "import sys\nprint('partial')\nsys.exit(3)"},
+        _nonzero,
+        failed=True,
+    ),
+    Scenario(
+        "refused",
+        {"language": "python", "code": "print(1)", "timeout_s": 60},
+        _refused,
+        failed=True,
+    ),
     Scenario(
         "out_file",
         {
@@ -102,50 +128,71 @@ def _check_artifact_bytes(obs: Any) -> None:
     assert obs.file("blob.bin").read() == PAYLOAD
 
 
+class HostSide:
+    """What a tool handed the host (`on_observation`, `out_dir`) during one agent run."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.observations: list[airlock.Observation] = []
+
+    def on_observation(self, observation: airlock.Observation) -> None:
+        self.observations.append(observation)
+
+    def check(self, scenario: Scenario, seen: dict[str, Any]) -> None:
+        """One observation reached the host, the one the model saw; an /out file's bytes
+        are in it and in `out_dir/<job id>/`, and no base64 reached the model."""
+        (observation,) = self.observations
+        assert observation.to_dict() == seen
+        assert "content_base64" not in json.dumps(seen)
+        written = sorted(p for p in self.out_dir.rglob("*") if p.is_file())
+        if scenario.out_file:
+            _check_artifact_bytes(observation)
+            assert written == [self.out_dir / observation.job_id / "blob.bin"]
+            assert written[0].read_bytes() == PAYLOAD
+            assert base64.b64encode(PAYLOAD).decode()[:64] not in json.dumps(seen)
+        else:
+            assert written == []
+
+
 @pytest.fixture
-def remote_or_local(mode: str, request: pytest.FixtureRequest) -> dict[str, Any]:
-    if mode == "local":
-        return {}
-    srv: Server = request.getfixturevalue("server")
-    return {"url": srv.url, "token": srv.token}
+def host(tmp_path: Path) -> HostSide:
+    return HostSide(tmp_path / "out")
 
 
 # ---- LangChain / LangGraph ----
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
-def test_langgraph_react_agent(scenario: Scenario, remote_or_local: dict[str, Any]) -> None:
+def test_langgraph_react_agent(
+    scenario: Scenario, remote_or_local: dict[str, Any], host: HostSide
+) -> None:
     pytest.importorskip("langgraph", reason="the langgraph extra is not installed")
-    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.messages import HumanMessage, ToolMessage
     from langgraph.prebuilt import create_react_agent
 
     from airlock.langchain import RunCodeTool
 
-    class ScriptedChatModel(GenericFakeChatModel):
-        """Asks for one run_code call, then answers."""
-
-        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self
-
     client = airlock.Client(**remote_or_local)
-    tool = RunCodeTool(client=client)
-    call = {"name": "run_code", "args": scenario.arguments, "id": "call-1"}
-    model = ScriptedChatModel(
-        messages=iter([AIMessage(content="", tool_calls=[call]), AIMessage(content="done")])
-    )
+    tool = RunCodeTool(client=client, out_dir=host.out_dir, on_observation=host.on_observation)
+    script = Script(scenario.arguments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # create_react_agent is deprecated in favour of langchain's
-        agent = create_react_agent(model, [tool])
+        agent = create_react_agent(langchain_model(script), [tool])
     state = agent.invoke({"messages": [HumanMessage("compute")]})
+    assert state["messages"][-1].content == "done"
     (message,) = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert script.handed == [message]
     assert message.tool_call_id == "call-1"
-    scenario.check(json.loads(str(message.content)))
+    seen = json.loads(str(message.content))
+    scenario.check(seen)
+    # A job that did not succeed is still the observation, flagged with LangChain's flag.
+    assert message.status == ("error" if scenario.failed else "success")
     # The artifact is the typed observation, for failed runs too.
     assert isinstance(message.artifact, airlock.Observation)
     assert message.artifact.to_json() == message.content
     if scenario.out_file:
         _check_artifact_bytes(message.artifact)
+    host.check(scenario, seen)
 
 
 def test_langchain_tool_takes_the_servers_definition() -> None:
@@ -183,76 +230,35 @@ def test_langchain_tool_async(remote_or_local: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
-def test_openai_agents_runner(scenario: Scenario, remote_or_local: dict[str, Any]) -> None:
+def test_openai_agents_runner(
+    scenario: Scenario, remote_or_local: dict[str, Any], host: HostSide
+) -> None:
     pytest.importorskip("agents", reason="the openai-agents extra is not installed")
-    from agents import Agent, ModelResponse, RunConfig, Runner, Usage
-    from agents.models.interface import Model
-    from openai.types.responses import (
-        ResponseFunctionToolCall,
-        ResponseOutputMessage,
-        ResponseOutputText,
-    )
+    from agents import Agent, RunConfig, Runner, ToolCallOutputItem
 
     from airlock.tools.openai_agents import run_code_tool
 
-    class ScriptedModel(Model):
-        """Calls run_code once, then answers; keeps what it was handed."""
-
-        def __init__(self) -> None:
-            self.turn = 0
-            self.tool_outputs: list[Any] = []
-            self.tools: list[Any] = []
-
-        async def get_response(
-            self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            self.turn += 1
-            self.tools = args[2] if len(args) > 2 else kwargs.get("tools", [])
-            if self.turn == 1:
-                output: list[Any] = [
-                    ResponseFunctionToolCall(
-                        type="function_call",
-                        id="fc-1",
-                        call_id="call-1",
-                        name="run_code",
-                        arguments=json.dumps(scenario.arguments),
-                        status="completed",
-                    )
-                ]
-            else:
-                self.tool_outputs = [
-                    item
-                    for item in input
-                    if isinstance(item, dict) and item.get("type") == "function_call_output"
-                ]
-                output = [
-                    ResponseOutputMessage(
-                        id="msg-1",
-                        type="message",
-                        role="assistant",
-                        status="completed",
-                        content=[
-                            ResponseOutputText(type="output_text", text="done", annotations=[])
-                        ],
-                    )
-                ]
-            return ModelResponse(output=output, usage=Usage(), response_id=None)
-
-        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError
-
-    model = ScriptedModel()
+    script = Script(scenario.arguments)
+    model = openai_agents_model(script)
     async_client = airlock.AsyncClient(**remote_or_local)
-    tool = run_code_tool(async_client)
+    tool = run_code_tool(async_client, out_dir=host.out_dir, on_observation=host.on_observation)
     assert tool.strict_json_schema is True
     agent = Agent(name="coder", instructions="Run code.", tools=[tool], model=model)
     result = asyncio.run(
         Runner.run(agent, "compute", run_config=RunConfig(tracing_disabled=True), max_turns=3)
     )
     assert result.final_output == "done"
-    (item,) = model.tool_outputs
+    (item,) = script.handed
     assert item["call_id"] == "call-1"
-    scenario.check(json.loads(item["output"]))
+    seen = json.loads(item["output"])
+    scenario.check(seen)
+    # The SDK's host-only channel carries the failure flag, never the model's input.
+    (output_item,) = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    assert output_item.custom_data is not None
+    status = output_item.custom_data["airlock"]
+    assert status["failed"] is scenario.failed and status["outcome"] == seen["outcome"]
+    assert "custom_data" not in item and "failed" not in seen
+    host.check(scenario, seen)
 
 
 def test_openai_agents_schema_is_strict() -> None:
@@ -268,52 +274,34 @@ def test_openai_agents_schema_is_strict() -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
-def test_crewai_crew(scenario: Scenario, remote_or_local: dict[str, Any]) -> None:
+def test_crewai_crew(scenario: Scenario, remote_or_local: dict[str, Any], host: HostSide) -> None:
     pytest.importorskip("crewai", reason="the crewai extra is not installed")
     from crewai import Agent, Crew, Task
-    from crewai.llms.base_llm import BaseLLM
 
     from airlock.tools.crewai import RunCodeTool
 
-    seen: list[str] = []
-
-    class ScriptedLLM(BaseLLM):
-        """A ReAct-text model: one run_code action, then the final answer."""
-
-        def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
-            if not seen:
-                seen.append("asked")
-                return (
-                    "Thought: I will run the program.\n"
-                    "Action: run_code\n"
-                    f"Action Input: {json.dumps(scenario.arguments)}"
-                )
-            if isinstance(messages, str):
-                seen.append(messages)
-            else:
-                seen.append("\n".join(str(m.get("content", "")) for m in messages))
-            return "Thought: I have the result.\nFinal Answer: done"
-
+    script = Script(scenario.arguments)
     client = airlock.Client(**remote_or_local)
-    tool = RunCodeTool(client=client)
+    tool = RunCodeTool(client=client, out_dir=host.out_dir, on_observation=host.on_observation)
     agent = Agent(
         role="coder",
         goal="run code",
         backstory="runs code",
         tools=[tool],
-        llm=ScriptedLLM(model="scripted"),
+        llm=crewai_llm(script),
         allow_delegation=False,
         max_iter=3,
     )
     task = Task(description="compute", expected_output="the result", agent=agent)
     output = Crew(agents=[agent], tasks=[task]).kickoff()
     assert str(output) == "done"
-    assert len(seen) == 2, seen
     # The tool's JSON is in the transcript CrewAI hands the model next.
-    start = seen[1].rfind('{"job_id"')
-    assert start >= 0, seen[1][-2000:]
-    observed, _ = json.JSONDecoder().raw_decode(seen[1][start:])
+    (transcript,) = script.handed
+    observed = observation_in(transcript)
     scenario.check(observed)
+    # CrewAI has no failure flag: the model reads `ok`, the host gets the observation.
+    assert observed["ok"] is not scenario.failed
+    host.check(scenario, observed)
 
 
 # ---- custom hosts ----
@@ -326,6 +314,8 @@ def test_plain_definition_and_dispatcher(remote_or_local: dict[str, Any]) -> Non
     assert chat["type"] == "function" and chat["function"]["name"] == "run_code"
     assert responses["name"] == "run_code"
     assert responses["parameters"] == chat["function"]["parameters"]
+    # The arguments the dispatcher accepts are the schema's.
+    assert set(chat["function"]["parameters"]["properties"]) == ARGUMENT_NAMES
     arguments = json.dumps({"language": "python", "code": "print(sum(range(10)))"})
     _hello(json.loads(handle_call(arguments, client)))
     # Bad arguments from a model are an observation it can learn from, not a crash.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,68 @@ def test_remote_mode_takes_no_local_options() -> None:
         airlock.Client("http://127.0.0.1:1", policy="p.toml")
     with pytest.raises(airlock.TransportError):
         airlock.Client("ftp://example")
+
+
+def test_the_call_keywords_are_the_request_fields() -> None:
+    # One list of keywords (RunOptions) for run/stream, sync and async, and it is the
+    # request's own fields: a field added to RunRequest must be added there too.
+    from dataclasses import fields
+
+    from airlock._request import RunOptions, build_request
+
+    assert set(RunOptions.__annotations__) == {f.name for f in fields(airlock.RunRequest)} - {
+        "source"
+    }
+    request = build_request("print(1)", files=None, env=None, args=["a"], timeout_s=2)
+    assert request.language == "python" and request.files == {} and request.env == {}
+    assert request.args == ("a",) and request.timeout_s == 2 and request.return_files is False
+    with pytest.raises(TypeError, match="timeout"):
+        build_request("print(1)", timeout=5)  # type: ignore[call-arg]
+
+
+def test_host_files_stay_inside_out_dir(tmp_path: Path) -> None:
+    import hashlib
+
+    from airlock.tools import HostFiles, safe_relative_path
+
+    assert safe_relative_path("../../etc/passwd") == Path("_.", "_.", "etc", "passwd")
+    assert safe_relative_path("/abs//a b\\c\x00.txt") == Path("abs", "a_b", "c_.txt")
+    assert safe_relative_path(".hidden") == Path("_hidden")
+    assert safe_relative_path("") == Path("file")
+
+    def released(path: str, content: bytes) -> dict[str, Any]:
+        return {
+            "path": path,
+            "bytes": len(content),
+            "sha256": hashlib.sha256(content).hexdigest(),
+            "media_type": "application/octet-stream",
+            "redactions": 0,
+            "content_base64": base64.b64encode(content).decode(),
+        }
+
+    files = [
+        released("../escape.txt", b"one"),
+        released("a b.txt", b"two"),
+        released("a_b.txt", b"three"),
+        released("link/x.txt", b"four"),
+    ]
+    out = tmp_path / "out"
+    (out / "job-1").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (out / "job-1" / "link").symlink_to(outside)
+    observation = airlock.Observation.from_dict(
+        {"job_id": "job-1", "ok": True, "outcome": "exited", "files": files}
+    )
+    with pytest.raises(OSError, match="not a directory airlock created"):
+        HostFiles(out_dir=out).save(observation)
+    assert list(outside.iterdir()) == []
+    observation.files.pop()
+    out = tmp_path / "out2"
+    written = HostFiles(out_dir=out).save(observation)
+    assert [p.relative_to(out) for p in written] == [
+        Path("job-1/_./escape.txt"),
+        Path("job-1/a_b.txt"),
+        Path("job-1/a_b-2.txt"),  # a sanitised name never replaces another file
+    ]
+    assert [p.read_bytes() for p in written] == [b"one", b"two", b"three"]

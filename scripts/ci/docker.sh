@@ -16,19 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-cache="${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}"
+. scripts/ci/lib.sh
+ci_begin docker.sh "it starts dockerd and mounts /out tmpfs"
 state="$cache/docker"
 mkdir -p "$state"
-t0=$(date +%s)
-declare -a timings=()
-step_start=$t0
-log() { printf '==> %s\n' "$*" >&2; }
-lap() { local now; now=$(date +%s); timings+=("$1: $((now - step_start)) s"); step_start=$now; }
-
-if [ "$(id -u)" != 0 ]; then
-  echo "scripts/ci/docker.sh: run as root (it starts dockerd and mounts /out tmpfs)" >&2
-  exit 1
-fi
 
 # 1. Packages. docker.io brings containerd, runc and tini; podman brings conmon (and crun
 # or runc: the services below run runc whichever is installed).
@@ -40,11 +31,7 @@ done
 # check hands the job the host's pip wheel.
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)
 compgen -G '/usr/share/python-wheels/pip-*.whl' >/dev/null || need+=(python3-pip-whl)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+ci_install "${need[@]}"
 lap packages
 
 # 2. Daemons: a dockerd and two Podman services of this run's own, on sockets of their own

@@ -17,19 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-cache="${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}"
+. scripts/ci/lib.sh
+ci_begin images.sh "debootstrap, chroot, dockerd"
 state="$cache/images"
 mkdir -p "$state"
-t0=$(date +%s)
-step_start=$t0
-declare -a timings=()
-log() { printf '==> %s\n' "$*" >&2; }
-lap() { local now; now=$(date +%s); timings+=("$1: $((now - step_start)) s"); step_start=$now; }
-
-if [ "$(id -u)" != 0 ]; then
-  echo "scripts/ci/images.sh: run as root (debootstrap, chroot, dockerd)" >&2
-  exit 1
-fi
 
 # 1. Packages.
 need=()
@@ -40,11 +31,7 @@ done
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # The conformance suite's pip check hands the job the host's pip wheel (suite::tls).
 compgen -G '/usr/share/python-wheels/pip-*.whl' >/dev/null || need+=(python3-pip-whl)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+ci_install "${need[@]}"
 lap packages
 
 # This run's own dockerd (scripts/ci/engines.sh: its own socket, data root and

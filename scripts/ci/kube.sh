@@ -21,20 +21,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-cache="${AIRLOCK_CI_CACHE:-/var/cache/airlock-ci}"
-mkdir -p "$cache"
-t0=$(date +%s)
-step_start=$t0
-declare -a timings=()
-log() { printf '==> %s\n' "$*" >&2; }
-lap() { local now; now=$(date +%s); timings+=("$1: $((now - step_start)) s"); step_start=$now; }
+. scripts/ci/lib.sh
+ci_begin kube.sh "the fake kubelet writes Pod volumes under /run"
 export AIRLOCK_REQUIRE_ALL=1
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-
-if [ "$(id -u)" != 0 ]; then
-  echo "scripts/ci/kube.sh: run as root (the fake kubelet writes Pod volumes under /run)" >&2
-  exit 1
-fi
 
 # 1. Golden manifests, strictly, for the oldest supported version.
 kube_version=1.33.0

@@ -67,6 +67,20 @@ pub(crate) fn sweep(dirs: &[GroupDir]) -> Result<(), CgroupError> {
     })
 }
 
+/// SIGKILLs every verified member once, without waiting for any to leave; returns how
+/// many were signalled.
+pub(crate) fn signal_once(dirs: &[GroupDir]) -> Result<usize, CgroupError> {
+    let mut signalled = 0;
+    for d in dirs {
+        for pid in members(d)? {
+            if kill_if_member(pid, d)? {
+                signalled += 1;
+            }
+        }
+    }
+    Ok(signalled)
+}
+
 /// Sends SIGKILL to `pid` only if it is verifiably in `dir`. `Ok(false)` when it was not
 /// signalled (gone, or not a member).
 fn kill_if_member(pid: i32, dir: &GroupDir) -> Result<bool, CgroupError> {

@@ -37,7 +37,7 @@ pub enum CpuPriority {
     /// kernel offers (`cpu.shares` 2 on v1; `cpu.weight` 1 and `cpu.idle` on v2).
     Background,
 }
-pub use report::{Check, HierarchyReport, ParentCheck, Presence};
+pub use report::{Finding, HierarchyReport, ParentCheck, Presence};
 
 /// The CPU bandwidth period written with every quota, in microseconds.
 pub const CPU_PERIOD_US: u64 = 100_000;

@@ -424,21 +424,44 @@ impl JobCgroup {
     /// otherwise a bounded sweep that SIGKILLs, through a pidfd, only processes whose
     /// `/proc/<pid>/cgroup` still names this group.
     pub fn kill_all(&self) -> Result<(), CgroupError> {
-        if self.version == CgroupVersion::V2 {
-            let kill_files: Vec<PathBuf> = self
-                .dirs
-                .iter()
-                .map(|d| d.dir.join("cgroup.kill"))
-                .filter(|f| f.exists())
-                .collect();
-            if kill_files.len() == self.dirs.len() {
-                for f in &kill_files {
-                    fs::write(f, "1")?;
-                }
-                return Ok(());
-            }
+        if self.write_cgroup_kill()? {
+            return Ok(());
         }
         kill::sweep(&self.dirs)
+    }
+
+    /// Sends SIGKILL to every process in the group once (`cgroup.kill` on v2 where the
+    /// kernel has it, otherwise each listed process verified as in [`JobCgroup::kill_all`])
+    /// and returns without waiting for any of them to leave. For a group whose job
+    /// processes are known to be gone already, where only the sandbox's own plumbing may
+    /// still be exiting: the wait for the group to empty is then the removal's
+    /// ([`JobCgroup::remove`]), off the job's path.
+    pub fn kill_now(&self) -> Result<(), CgroupError> {
+        if self.write_cgroup_kill()? {
+            return Ok(());
+        }
+        kill::signal_once(&self.dirs).map(|_| ())
+    }
+
+    /// Writes v2's `cgroup.kill` of every directory, where the kernel has it (5.14+);
+    /// `false` when it has not (v1, older v2), and nothing was written.
+    fn write_cgroup_kill(&self) -> Result<bool, CgroupError> {
+        if self.version != CgroupVersion::V2 {
+            return Ok(false);
+        }
+        let kill_files: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .map(|d| d.dir.join("cgroup.kill"))
+            .filter(|f| f.exists())
+            .collect();
+        if kill_files.len() != self.dirs.len() {
+            return Ok(false);
+        }
+        for f in &kill_files {
+            fs::write(f, "1")?;
+        }
+        Ok(true)
     }
 
     /// Waits until no process is left in the group; `false` when `timeout` passed first.

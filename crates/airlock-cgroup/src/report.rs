@@ -22,9 +22,10 @@ pub enum Presence {
     Unknown,
 }
 
-/// One line of the report.
+/// One line of the report: what the probe found of one cgroup feature (the native
+/// backend's doctor turns these into its checks, `airlock_core::doctor::Check`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Check {
+pub struct Finding {
     /// What was checked (`memory`, `swap accounting`, `cgroup.kill`, ...).
     pub name: &'static str,
     /// The outcome.
@@ -52,17 +53,17 @@ pub struct HierarchyReport {
     /// The interface the job groups would use.
     pub version: CgroupVersion,
     /// memory, cpu, cpuacct (v1) or cpu.stat (v2), pids.
-    pub controllers: Vec<Check>,
+    pub controllers: Vec<Finding>,
     /// `memory.memsw.*` (v1) or `memory.swap.max` (v2): without it swap is not capped.
-    pub swap_accounting: Check,
+    pub swap_accounting: Finding,
     /// TCP socket buffers charged to the job: `memory.kmem.tcp.limit_in_bytes` (v1), socket
     /// accounting not turned off on the kernel command line (v2). Without it a job's socket
     /// buffers escape its memory limit; the native backend refuses such a host.
-    pub tcp_accounting: Check,
+    pub tcp_accounting: Finding,
     /// `cgroup.kill` (v2, Linux 5.14+); otherwise the pidfd sweep kills.
-    pub cgroup_kill: Check,
+    pub cgroup_kill: Finding,
     /// Peak memory: `memory.max_usage_in_bytes` (v1) or `memory.peak` (v2, Linux 5.19+).
-    pub memory_peak: Check,
+    pub memory_peak: Finding,
     /// The parent [`ParentSpec::Auto`] (or the given spec) resolves to.
     pub parent: ParentCheck,
 }
@@ -125,7 +126,7 @@ impl Hierarchy {
             .into_iter()
             .map(|c| match self.v1_mount(c) {
                 Some(m) => present(c, m.mount_point.clone()),
-                None => Check {
+                None => Finding {
                     name: c,
                     presence: Presence::Missing,
                     location: None,
@@ -166,7 +167,7 @@ impl Hierarchy {
             controllers,
             swap_accounting,
             tcp_accounting,
-            cgroup_kill: Check {
+            cgroup_kill: Finding {
                 name: "cgroup.kill",
                 presence: Presence::Missing,
                 location: None,
@@ -185,13 +186,13 @@ impl Hierarchy {
             return self.report_v1(parents, parent);
         };
         let parent_dir = parents.first().map(|p| p.dir.as_path());
-        let mut controllers: Vec<Check> = V2_CONTROLLERS
+        let mut controllers: Vec<Finding> = V2_CONTROLLERS
             .into_iter()
             .map(|c| {
                 if u.controllers.iter().any(|x| x == c) {
                     match parent_dir.and_then(|p| v2_not_delegated(&u.mount_point, p, c)) {
                         None => present(c, u.mount_point.clone()),
-                        Some((control, explanation)) => Check {
+                        Some((control, explanation)) => Finding {
                             name: c,
                             presence: Presence::Missing,
                             location: Some(control),
@@ -199,7 +200,7 @@ impl Hierarchy {
                         },
                     }
                 } else {
-                    Check {
+                    Finding {
                         name: c,
                         presence: Presence::Missing,
                         location: Some(u.mount_point.join("cgroup.controllers")),
@@ -247,10 +248,10 @@ impl Hierarchy {
 }
 
 /// v2 charges socket buffers to `memory.current` unless the command line turns it off.
-fn v2_tcp_accounting(cmdline: &str) -> Check {
+fn v2_tcp_accounting(cmdline: &str) -> Finding {
     let location = Some(PathBuf::from("/proc/cmdline"));
     if v2::socket_accounting_disabled(cmdline) {
-        Check {
+        Finding {
             name: "tcp accounting",
             presence: Presence::Missing,
             location,
@@ -260,7 +261,7 @@ fn v2_tcp_accounting(cmdline: &str) -> Check {
             ),
         }
     } else {
-        Check {
+        Finding {
             name: "tcp accounting",
             presence: Presence::Present,
             location,
@@ -335,8 +336,8 @@ fn memory_enabled(dir: &Path, if_unknown: bool) -> bool {
     }
 }
 
-fn present(name: &'static str, location: PathBuf) -> Check {
-    Check {
+fn present(name: &'static str, location: PathBuf) -> Finding {
+    Finding {
         name,
         presence: Presence::Present,
         location: Some(location),
@@ -345,9 +346,9 @@ fn present(name: &'static str, location: PathBuf) -> Check {
 }
 
 /// Looks for `file` in `dir`.
-fn probe(name: &'static str, dir: Option<&Path>, file: &str, missing: &str) -> Check {
+fn probe(name: &'static str, dir: Option<&Path>, file: &str, missing: &str) -> Finding {
     let Some(dir) = dir else {
-        return Check {
+        return Finding {
             name,
             presence: Presence::Unknown,
             location: None,
@@ -362,7 +363,7 @@ fn probe(name: &'static str, dir: Option<&Path>, file: &str, missing: &str) -> C
     if path.exists() {
         present(name, path)
     } else {
-        Check {
+        Finding {
             name,
             presence: Presence::Missing,
             location: Some(path),
@@ -379,18 +380,18 @@ fn probe_or_kernel(
     kernel: Option<(u32, u32)>,
     since: (u32, u32),
     missing: &str,
-) -> Check {
+) -> Finding {
     if dir.is_some() {
         return probe(name, dir, name, missing);
     }
     match kernel {
-        Some(k) if k >= since => Check {
+        Some(k) if k >= since => Finding {
             name,
             presence: Presence::Present,
             location: None,
             explanation: Some(format!("inferred from the kernel release {}.{}", k.0, k.1)),
         },
-        Some(_) => Check {
+        Some(_) => Finding {
             name,
             presence: Presence::Missing,
             location: None,

@@ -78,12 +78,58 @@ fn main() -> ExitCode {
         airlock_native::init::main();
     }
     let cli = Cli::parse();
+    // OTLP export only for the commands that run jobs, and only when the OTEL_* variables
+    // or the policy's [telemetry] section ask for it (docs/telemetry.md).
+    let job_command = match &cli.command {
+        Command::Serve(args) => Some(("airlock serve", args.policy.as_deref())),
+        Command::Mcp(args) => Some(("airlock mcp", args.policy.as_deref())),
+        Command::Run(args) => Some(("airlock run", args.policy.as_deref())),
+        _ => None,
+    };
+    let telemetry = match job_command {
+        Some((command, policy)) => {
+            match airlock_telemetry::Telemetry::start(&telemetry_settings(policy), command) {
+                Ok(telemetry) => telemetry,
+                Err(e) => {
+                    eprintln!("airlock: telemetry: {}", error_chain(&e));
+                    return ExitCode::from(EXIT_AIRLOCK_ERROR);
+                }
+            }
+        }
+        _ => None,
+    };
     // The server logs each request and job at info; the other commands only warnings.
-    init_logging(match cli.command {
-        Command::Serve(_) => "info",
-        _ => "warn",
-    });
-    match cli.command {
+    init_logging(
+        match cli.command {
+            Command::Serve(_) => "info",
+            _ => "warn",
+        },
+        telemetry.as_ref(),
+    );
+    let code = run_command(cli.command);
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    code
+}
+
+/// The policy's `[telemetry]` section, for the commands that run jobs. A policy that
+/// does not load gives none here: the command itself reports why it does not load.
+fn telemetry_settings(policy: Option<&std::path::Path>) -> airlock_telemetry::Settings {
+    let Some(path) = policy else {
+        return airlock_telemetry::Settings::default();
+    };
+    match airlock_engine::LoadedPolicy::from_file(path) {
+        Ok(loaded) => airlock_telemetry::Settings {
+            endpoint: loaded.policy.telemetry.endpoint.clone(),
+            service_name: loaded.policy.telemetry.service_name.clone(),
+        },
+        Err(_) => airlock_telemetry::Settings::default(),
+    }
+}
+
+fn run_command(command: Command) -> ExitCode {
+    match command {
         Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::doctor(args),
         Command::Image(args) => image::image(args),
@@ -98,14 +144,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(default: &str) {
+fn init_logging(default: &str, telemetry: Option<&airlock_telemetry::Telemetry>) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
+        .with_filter(filter);
+    // The exported spans have their own filter (the job's tree only), independent of how
+    // much goes to stderr.
+    tracing_subscriber::registry()
+        .with(log)
+        .with(telemetry.map(airlock_telemetry::Telemetry::layer))
         .init();
 }
 

@@ -21,7 +21,7 @@ const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 pub struct McpArgs {
     /// Policy file for jobs (default: the built-in policy).
     #[arg(long, value_name = "FILE")]
-    policy: Option<PathBuf>,
+    pub(crate) policy: Option<PathBuf>,
 
     /// Backend every job runs on: native, docker, podman, gvisor, kube.
     #[arg(long, value_name = "BACKEND", default_value = "native")]
@@ -153,7 +153,13 @@ pub fn tool_schema(args: ToolSchemaArgs) -> ExitCode {
         SchemaFormat::Responses => {
             airlock_mcp::tool::function_schema(policy, ToolSchemaFormat::Responses)
         }
-        SchemaFormat::Mcp => match serde_json::to_value(airlock_mcp::tool_for(policy)) {
+        // What `airlock mcp` lists: it keeps no sessions, so `session` is not offered
+        // (airlock serve's /mcp offers it where the policy enables sessions).
+        SchemaFormat::Mcp => match serde_json::to_value(airlock_mcp::tool_for(&{
+            let mut stdio = policy.clone();
+            stdio.sessions.enabled = false;
+            stdio
+        })) {
             Ok(value) => value,
             Err(e) => {
                 eprintln!("airlock tool-schema: encode the tool: {e}");

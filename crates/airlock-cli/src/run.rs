@@ -88,7 +88,7 @@ pub struct RunArgs {
 
     /// Policy file (default: the built-in policy).
     #[arg(long, value_name = "FILE")]
-    policy: Option<PathBuf>,
+    pub(crate) policy: Option<PathBuf>,
 
     /// Print exactly one observation object on stdout.
     #[arg(long)]
@@ -136,7 +136,12 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     let out_dir = args.out.clone();
     runtime.block_on(async move {
-        let (mut result, removal) = run_async(args).await;
+        // `TRACEPARENT`, `TRACESTATE` and `BAGGAGE` in the environment: the carrier a
+        // calling process hands a command (the OpenTelemetry environment-carrier spec).
+        let caller = airlock_telemetry::Caller::from_carrier(|key| {
+            std::env::var(key.to_ascii_uppercase()).ok()
+        });
+        let (mut result, removal) = airlock_telemetry::with_caller(caller, run_async(args)).await;
         // The files go to DIR before the observation is printed, so a failure to write them
         // is in the observation rather than after an `ok: true` the caller already read.
         if let Some(dir) = out_dir
@@ -547,5 +552,6 @@ fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
         env,
         out: args.out.is_some() || args.return_files,
         workspace: None,
+        session_tmp: None,
     })
 }

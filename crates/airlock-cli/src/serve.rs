@@ -22,7 +22,7 @@ pub struct ServeArgs {
 
     /// Policy file for jobs (default: the built-in policy). Tenants may have their own.
     #[arg(long, value_name = "FILE")]
-    policy: Option<PathBuf>,
+    pub(crate) policy: Option<PathBuf>,
 
     /// Backend every job runs on: native, docker, podman, gvisor, kube.
     #[arg(long, value_name = "BACKEND", default_value = "native")]
@@ -88,6 +88,10 @@ pub enum TokenCommand {
         /// created with mode 0600 when missing; refused when group or others may write it.
         #[arg(long, value_name = "FILE")]
         tokens_file: Option<PathBuf>,
+        /// Mint the token in E2B's API key shape (`e2b_` and 64 hex digits), so E2B's SDKs
+        /// accept it as E2B_API_KEY unchanged (docs/e2b.md); it is an ordinary token.
+        #[arg(long)]
+        e2b: bool,
     },
     /// Print the digest line of an existing token read from stdin.
     Hash,
@@ -182,8 +186,14 @@ pub fn token(command: TokenCommand) -> ExitCode {
             policy,
             max_in_flight,
             tokens_file,
+            e2b,
         } => {
-            let token = match airlock_server::auth::generate_token() {
+            let generated = if e2b {
+                airlock_server::auth::generate_e2b_token()
+            } else {
+                airlock_server::auth::generate_token()
+            };
+            let token = match generated {
                 Ok(token) => token,
                 Err(e) => {
                     eprintln!("airlock token new: {}", error_chain(&e));

@@ -78,6 +78,15 @@ pub struct AuditRecord {
     /// Controls that held only in a weaker form the policy accepted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub degraded: Vec<String>,
+    /// Set on the line a later start of airlock wrote for a job whose process died (a
+    /// server killed, a crash) after it accepted the job and before its result: the job's
+    /// end is unknown, its sandbox was removed by the sweep.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub interrupted: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What the engine knows about a job besides its observation.
@@ -141,6 +150,7 @@ impl AuditRecord {
             cpu_ms: observation.cpu_ms,
             peak_memory_bytes: observation.peak_memory_bytes,
             degraded: observation.degraded.clone(),
+            interrupted: false,
         }
     }
 

@@ -6,9 +6,11 @@ use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 
+use crate::doctor::Check;
 use crate::error::ErrorKind;
 use crate::job::JobSpec;
 use crate::observation::RunReport;
+use crate::policy::Policy;
 
 /// A boxed, sendable future (keeps [`Backend`] object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -66,7 +68,8 @@ impl std::str::FromStr for BackendKind {
     }
 }
 
-/// What a backend can do on this host, for `airlock doctor` and for refusing requests early.
+/// What a backend can do on this host, as data: the engine, doctor and sessions ask this
+/// (through the backend's [`Provider`]) instead of matching on the kind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
     /// The backend.
@@ -77,6 +80,85 @@ pub struct Capabilities {
     pub out_dir: bool,
     /// Whether OCI image rootfs is available.
     pub image_rootfs: bool,
+    /// Whether a job's `/work` can be a host directory that outlives it (a session's
+    /// workspace): workspace sessions need it.
+    pub host_workdir: bool,
+    /// Whether a session's Python kernel can run as one long job whose calls the host
+    /// hands over through its workspace: kernel sessions need it.
+    pub kernel_sessions: bool,
+    /// Whether the backend keeps an image store `airlock image load` can load into.
+    pub image_store: bool,
+}
+
+impl Capabilities {
+    /// A backend that can do nothing beyond running a job (a test's fake, a backend this
+    /// build lacks).
+    pub const fn bare(backend: BackendKind) -> Self {
+        Self {
+            backend,
+            network_proxy: false,
+            out_dir: false,
+            image_rootfs: false,
+            host_workdir: false,
+            kernel_sessions: false,
+            image_store: false,
+        }
+    }
+}
+
+/// How a backend is opened.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Keep the policy's warm sandboxes (`[native] warm_pool`, `[docker] warm_pool`,
+    /// `gvisor_warm_pool`, `podman_warm_pool`) started ahead of jobs (for a long-running
+    /// server; a single `airlock run` would only waste them). Needs a tokio runtime.
+    pub warm_pool: bool,
+    /// Build the warm sandboxes for this job rather than for the policy's defaults in
+    /// `warm_language`, and keep at least one (`airlock run --warm`, which puts a single
+    /// job through the warm path for tests and diagnosis). Only with `warm_pool`.
+    pub warm_template: Option<crate::job::JobRequest>,
+}
+
+/// A backend before it is opened: how to open it, its checks of this host for `airlock
+/// doctor`, its image store and what it can do. One per backend kind; the engine holds the
+/// one list of them and asks it instead of matching on the kind.
+pub trait Provider: Send + Sync {
+    /// The backend kind this provides.
+    fn kind(&self) -> BackendKind;
+
+    /// What the backend can do (under `policy`, on this host).
+    fn capabilities(&self, policy: &Policy) -> Capabilities;
+
+    /// Opens the backend for `policy`. An error (usually `backend_unavailable`) is what
+    /// jobs then end with.
+    fn open(
+        &self,
+        policy: &Policy,
+        options: OpenOptions,
+    ) -> Result<std::sync::Arc<dyn Backend>, BackendError>;
+
+    /// Its checks of this host (or daemon, or cluster) against `policy`, for `airlock
+    /// doctor`, which then runs one real job through it.
+    fn host_checks<'a>(&'a self, policy: &'a Policy) -> BoxFuture<'a, Vec<Check>>;
+
+    /// Loads an image archive into the backend's image store and checks that it holds
+    /// `tag` as `expected_id`. The default: the backend has no image store.
+    fn load_image<'a>(
+        &'a self,
+        policy: &'a Policy,
+        archive: Vec<u8>,
+        tag: &'a str,
+        expected_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        let _ = (policy, archive, tag, expected_id);
+        let kind = self.kind();
+        Box::pin(async move {
+            Err(BackendError::new(
+                ErrorKind::InvalidInput,
+                format!("the {kind} backend has no image store to load into; use docker or podman"),
+            ))
+        })
+    }
 }
 
 /// A backend's failure to run a job (not the job's own failure).

@@ -187,6 +187,12 @@ pub struct JobRequest {
     /// caller's request): the job's `/work` is this directory, writable, and what the job
     /// leaves there stays for the session's next call.
     pub workspace: Option<std::path::PathBuf>,
+    /// A session's host-side `/tmp` (an E2B sandbox's: [`crate::policy::SessionsPolicy`]
+    /// bounds it with the workspace), set only by the session manager and only with
+    /// `workspace`: bound at `/tmp` instead of the job's fresh tmpfs, writable and
+    /// executable as the session's `/work` is, and what the job leaves there stays for
+    /// the session's next job.
+    pub session_tmp: Option<std::path::PathBuf>,
 }
 
 /// A checked input file.
@@ -237,6 +243,10 @@ pub struct JobSpec {
     /// whose `/work` is its own, removed after it.
     #[serde(default)]
     pub workspace: Option<std::path::PathBuf>,
+    /// A session's host-side `/tmp` (see [`JobRequest::session_tmp`]); `None`: a fresh
+    /// tmpfs of `limits.tmp`, removed with the job.
+    #[serde(default)]
+    pub session_tmp: Option<std::path::PathBuf>,
 }
 
 /// `sha256:<hex>` of some bytes.
@@ -263,6 +273,29 @@ pub fn check_file_name(name: &str) -> Result<(), String> {
         return Err(format!("name contains {c:?}"));
     }
     Ok(())
+}
+
+/// The prefix of the names in `/work` that airlock keeps for itself: the source file of
+/// the built-in languages (`.airlock-main.py`), a kernel session's driver and its control
+/// directory (`.airlock/`). A caller's file never has such a name, so airlock never
+/// overwrites one, and a session's listing shows only the caller's own.
+pub const RESERVED_PREFIX: &str = ".airlock";
+
+/// Why `path` (relative to `/work`) is not a caller's to write or read: its first segment
+/// starts with [`RESERVED_PREFIX`], or is the source file of one of the policy's
+/// languages. One rule for a job's input files and a session's uploads.
+pub fn reserved_path_reason(path: &str, policy: &Policy) -> Option<String> {
+    let first = path.split('/').next().unwrap_or(path);
+    if first.starts_with(RESERVED_PREFIX) {
+        return Some(format!(
+            "{path:?}: names starting with {RESERVED_PREFIX:?} are airlock's own (the source file and the kernel's files)"
+        ));
+    }
+    policy
+        .languages
+        .iter()
+        .find(|(_, spec)| spec.file == first)
+        .map(|(name, _)| format!("{path:?}: {first:?} is where the {name} source goes"))
 }
 
 /// Checks an input file's relative path: no `..`, no absolute path, no NUL or control
@@ -328,7 +361,7 @@ impl JobRequest {
         }
 
         let limits = resolve_limits(&self.limits, &policy.limits)?;
-        let files = resolve_files(self.files, &language.file, policy.limits.input_files)?;
+        let files = resolve_files(self.files, policy)?;
         let input_bytes: u64 = files.iter().map(|f| f.content.len() as u64).sum::<u64>()
             + self.stdin.as_ref().map_or(0, |s| s.len() as u64);
         if input_bytes > policy.limits.files.as_u64() {
@@ -403,6 +436,8 @@ impl JobRequest {
                 fs
             },
             policy_version: policy.version.clone(),
+            // Only beside a session's /work (the session manager sets both).
+            session_tmp: self.session_tmp.filter(|_| self.workspace.is_some()),
             workspace: self.workspace,
         })
     }
@@ -459,18 +494,21 @@ fn resolve_limits(request: &LimitsRequest, ceiling: &Limits) -> Result<Limits, E
     Ok(limits)
 }
 
+/// A request above a ceiling, naming the policy key that sets it (`limits.memory` is
+/// `[limits] memory` in the policy file), so the reader knows what an operator would change.
 fn above(field: &str, asked: &str, ceiling: &str) -> Error {
+    let key = match field.split_once('.') {
+        Some((section, key)) => format!("[{section}] {key}"),
+        None => field.to_owned(),
+    };
     Error::denied(
         field,
-        format!("{asked} is above the policy's ceiling of {ceiling}"),
+        format!("{asked} is above the policy's ceiling of {ceiling} ({key} in the policy)"),
     )
 }
 
-fn resolve_files(
-    files: Vec<InputFile>,
-    source_file: &str,
-    max_count: u32,
-) -> Result<Vec<JobFile>, Error> {
+fn resolve_files(files: Vec<InputFile>, policy: &Policy) -> Result<Vec<JobFile>, Error> {
+    let max_count = policy.limits.input_files;
     if files.len() > max_count as usize {
         return Err(Error::invalid(
             "files",
@@ -485,11 +523,8 @@ fn resolve_files(
     for (i, file) in files.into_iter().enumerate() {
         let field = format!("files[{i}].path");
         check_relative_path(&file.path).map_err(|r| Error::invalid(&field, r))?;
-        if file.path == source_file {
-            return Err(Error::invalid(
-                &field,
-                format!("{source_file:?} is where the source goes"),
-            ));
+        if let Some(reason) = reserved_path_reason(&file.path, policy) {
+            return Err(Error::invalid(&field, reason));
         }
         if seen.insert(file.path.clone(), i).is_some() {
             return Err(Error::invalid(
@@ -515,19 +550,14 @@ fn resolve_files(
             }
             prefix = parent;
         }
-        if let Some((first, _)) = path.split_once('/')
-            && first == source_file
-        {
-            return Err(Error::invalid(
-                "files",
-                format!("{path:?} would make the source file a directory"),
-            ));
-        }
     }
     Ok(out)
 }
 
-fn resolve_env(
+/// The job's environment: the base variables, then the request's, each name allowed by
+/// the policy's `[env] allow`, in all at most [`bounds::ENV_MAX_BYTES`]. A kernel
+/// session's call checks its own environment with it too.
+pub fn resolve_env(
     request: &BTreeMap<String, String>,
     policy: &Policy,
 ) -> Result<Vec<(String, String)>, Error> {
@@ -580,7 +610,7 @@ fn resolve_network(
             if policy.network.mode != NetworkMode::Proxy {
                 return Err(Error::denied(
                     "network.mode",
-                    "the policy's network mode is none",
+                    "the policy's network mode is none ([network] mode = \"proxy\" in the policy allows the egress proxy)",
                 ));
             }
             let allowed: Vec<HostPattern> = policy
@@ -596,7 +626,7 @@ fn resolve_network(
                 if !allowed.iter().any(|a| a == &asked) {
                     return Err(Error::denied(
                         "network.allow",
-                        format!("{host:?} is not in the policy's allowlist"),
+                        format!("{host:?} is not in the policy's allowlist ([network] allow)"),
                     ));
                 }
             }
@@ -686,7 +716,10 @@ mod tests {
     #[test]
     fn a_plain_request_takes_the_policy_defaults() {
         let spec = python("print(1)").resolve(&Policy::builtin()).unwrap();
-        assert_eq!(spec.argv, vec!["python3", "-I", "-u", "/work/main.py"]);
+        assert_eq!(
+            spec.argv,
+            vec!["python3", "-B", "-E", "-s", "-u", "/work/.airlock-main.py"]
+        );
         assert_eq!(spec.limits, Policy::builtin().limits);
         assert_eq!(spec.policy_version, "default-1");
         assert_eq!(
@@ -823,8 +856,10 @@ mod tests {
             "new\nline",
             long.as_str(),
             deep.as_str(),
-            "main.py",
-            "main.py/x",
+            ".airlock-main.py",
+            ".airlock-main.py/x",
+            ".airlock/call-1.py",
+            ".airlock-mine",
         ] {
             let mut req = python("1");
             req.files = vec![file(bad)];
@@ -847,6 +882,32 @@ mod tests {
             req.resolve(&Policy::builtin()).unwrap_err().kind(),
             ErrorKind::InvalidInput
         );
+    }
+
+    #[test]
+    fn a_users_main_py_is_an_ordinary_input_file() {
+        // The source is airlock's own name, so main.py (and util.py beside it) are the
+        // caller's to pass.
+        let mut req = python("import main");
+        req.files = vec![file("main.py"), file("util.py")];
+        let spec = req.resolve(&Policy::builtin()).unwrap();
+        assert_eq!(spec.source_file, ".airlock-main.py");
+        assert_eq!(spec.files.len(), 2);
+    }
+
+    #[test]
+    fn a_custom_languages_source_name_is_refused_as_an_input_file() {
+        let policy = Policy::from_toml(
+            "version = \"v\"\n[languages.python]\ncommand = [\"python3\", \"{file}\"]\nfile = \"m.py\"\n[languages.sh]\ncommand = [\"sh\", \"{file}\"]\nfile = \"m.sh\"\n",
+            "t",
+        )
+        .unwrap();
+        for name in ["m.py", "m.sh", "m.sh/x"] {
+            let mut req = python("1");
+            req.files = vec![file(name)];
+            let err = req.resolve(&policy).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{name:?}: {err}");
+        }
     }
 
     #[test]
@@ -921,7 +982,16 @@ mod tests {
         let spec = req.resolve(&Policy::builtin()).unwrap();
         assert_eq!(
             spec.argv,
-            vec!["python3", "-I", "-u", "/work/main.py", "--flag", "x y"]
+            vec![
+                "python3",
+                "-B",
+                "-E",
+                "-s",
+                "-u",
+                "/work/.airlock-main.py",
+                "--flag",
+                "x y"
+            ]
         );
     }
 

@@ -17,19 +17,21 @@ pub mod job;
 pub mod media;
 pub mod observation;
 pub mod policy;
+pub mod request;
 pub mod schema;
 pub mod supervise;
 pub mod units;
 pub mod warm;
 
 pub use backend::{
-    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, StreamKind, Teardown,
-    WarmPoolStats,
+    Backend, BackendError, BackendKind, BoxFuture, Capabilities, OpenOptions, OutputTap, Provider,
+    StreamKind, Teardown, WarmPoolStats,
 };
 pub use error::{Error, ErrorKind};
 pub use job::{InputFile, JobId, JobRequest, JobSpec, LimitsRequest, NetworkRequest};
 pub use observation::{
-    JobResult, LimitHit, Observation, Outcome, RejectedFile, ReleasedFile, RunReport, Termination,
+    Acquire, JobResult, LimitHit, Observation, Outcome, RejectedFile, ReleasedFile, RunReport,
+    Termination,
 };
 pub use policy::{Limits, Policy};
 pub use units::{ByteSize, Cpus};

@@ -245,6 +245,32 @@ pub enum Termination {
     Unknown,
 }
 
+/// How a job got its sandbox: the pool's decision, reported on the job's `sandbox
+/// acquire` span (`airlock.acquire`, docs/telemetry.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Acquire {
+    /// Built for the job from scratch: no pool, a job the pool's template does not fit,
+    /// or none ready and none could be started for it.
+    #[default]
+    Fresh,
+    /// A sandbox of the warm pool that was waiting ready.
+    Warm,
+    /// None was ready; the backend started one for the job at once, for less than a fresh
+    /// one costs (a fork of the native backend's zygote).
+    Fork,
+}
+
+impl Acquire {
+    /// The name telemetry gives it: `fresh`, `warm`, `fork`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::Warm => "warm",
+            Self::Fork => "fork",
+        }
+    }
+}
+
 /// A limit the supervisor saw being hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LimitHit {
@@ -285,6 +311,8 @@ pub struct RunReport {
     pub out_rejected: Vec<RejectedFile>,
     /// The egress proxy's account (proxy mode only).
     pub network: Option<NetworkReport>,
+    /// How the job got its sandbox; the warm pool sets it, a backend reports `Fresh`.
+    pub acquire: Acquire,
 }
 
 /// What the egress proxy saw during one job.
@@ -309,6 +337,14 @@ pub struct NetworkCounts {
     pub bytes_down: u64,
     /// A proxy limit that was hit (`connections`, `bytes`, ...), if one was.
     pub limit_hit: Option<String>,
+    /// Placeholders of secrets the proxy replaced by their real values in the job's
+    /// requests (the count only, never a value; per request in the connection records).
+    #[serde(default)]
+    pub secrets_substituted: u64,
+    /// Real values of secrets (or their encodings) the proxy replaced by placeholders in
+    /// answers to the job.
+    #[serde(default)]
+    pub secrets_scrubbed: u64,
 }
 
 impl RunReport {
@@ -331,6 +367,7 @@ impl RunReport {
             out_files: Vec::new(),
             out_rejected: Vec::new(),
             network: None,
+            acquire: Acquire::Fresh,
         }
     }
 
@@ -528,6 +565,71 @@ pub fn signal_number(name: &str) -> Option<i32> {
         .find(|(_, n)| *n == name)
         .map(|(number, _)| *number)
         .or_else(|| name.strip_prefix("SIG")?.parse().ok())
+}
+
+/// What the host may hand back of one file it read from a job's workspace (a session's
+/// `/work`, the E2B file routes), scanned exactly as a released `/out` file is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceFileRelease {
+    /// The content to send: text redacted in place, a binary without secrets as it was.
+    Released {
+        /// The bytes to send.
+        content: Vec<u8>,
+        /// Secrets replaced in the content.
+        redactions: u64,
+    },
+    /// Not handed back: the reason says why (a secret in a name or in a binary).
+    Withheld {
+        /// Why, for the caller.
+        reason: String,
+        /// Secret-shaped strings found.
+        secrets: u64,
+    },
+}
+
+/// Scans a file read from a workspace as [`RunReport::into_result`] scans a `/out` file
+/// (`redact(before, text, after)` as there): a name that looks like a secret withholds it,
+/// text is redacted in place, UTF-16 text with a byte-order mark is rewritten, and a
+/// binary with a secret-shaped string in it is withheld, since it cannot be rewritten.
+pub fn release_workspace_file(
+    path: &str,
+    content: Vec<u8>,
+    redact: &dyn Fn(&str, String, &str) -> (String, u64),
+) -> WorkspaceFileRelease {
+    let (_, name_secrets) = shown_name(path, redact);
+    if name_secrets > 0 {
+        return WorkspaceFileRelease::Withheld {
+            reason: "its name looks like a secret".to_owned(),
+            secrets: name_secrets,
+        };
+    }
+    let media_type = crate::media::sniff_media_type(path, &content);
+    match scan_file(content, redact) {
+        Scanned::Released {
+            content,
+            redactions,
+        } => WorkspaceFileRelease::Released {
+            content,
+            redactions,
+        },
+        Scanned::Withheld { secrets } => WorkspaceFileRelease::Withheld {
+            reason: format!(
+                "binary ({media_type}) with {secrets} secret-shaped string(s) in it; \
+                 binary files are not rewritten"
+            ),
+            secrets,
+        },
+    }
+}
+
+/// A name from a workspace listing as it may be shown: control characters and invalid
+/// UTF-8 escaped as output is (`\x0a`), then redacted; with the number of secrets replaced.
+/// The same rule as the names of `/out` files.
+pub fn shown_workspace_name(
+    name: &str,
+    redact: &dyn Fn(&str, String, &str) -> (String, u64),
+) -> (String, u64) {
+    shown_name(name, redact)
 }
 
 /// A file name as it may be shown and written: escaped like output and redacted, with the

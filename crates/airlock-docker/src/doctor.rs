@@ -5,7 +5,8 @@ use airlock_core::doctor::{Check, Status};
 use airlock_core::policy::{Policy, RootfsSpec};
 
 use crate::Flavor;
-use crate::backend::{DockerConfig, GVISOR_SECCOMP_FLAG};
+use crate::backend::DockerConfig;
+use crate::host_checks::GVISOR_SECCOMP_FLAG;
 use crate::tcp::TcpAccounting;
 
 fn check(control: &str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
@@ -50,7 +51,7 @@ pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
         ));
         return checks;
     }
-    let docker = match crate::cleanup::connect(&config.socket) {
+    let docker = match crate::engine::connect(&config.socket) {
         Ok(docker) => docker,
         Err(e) => {
             checks.push(check(
@@ -100,7 +101,7 @@ pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
     }
     match docker.info().await {
         Ok(info) => {
-            checks.push(match crate::backend::tcp_accounting(flavor, &info) {
+            checks.push(match crate::host_checks::tcp_accounting(flavor, &info) {
                 Ok(TcpAccounting::Inherent) => check(
                     &format!("{prefix}: tcp buffers"),
                     Status::Ok,

@@ -9,11 +9,26 @@ use std::path::{Path, PathBuf};
 
 use airlock_core::policy::DockerPolicy;
 
+use bollard::Docker;
+
 use crate::Flavor;
 use crate::error::DockerError;
 
 /// The environment variable Docker's clients read for the daemon's address.
 pub const DOCKER_HOST: &str = "DOCKER_HOST";
+
+/// Client timeout, in seconds, of the connections the guard and the sweep open.
+pub const CLIENT_TIMEOUT_SECS: u64 = 30;
+
+/// A client for the socket (no request is made yet). API version 1.41 is the newest the
+/// daemons of Debian 12 speak (Docker 20.10, Podman 4.3); [`crate::launch`] negotiates.
+pub fn connect(socket: &Path) -> Result<Docker, bollard::errors::Error> {
+    Docker::connect_with_unix(
+        &socket.to_string_lossy(),
+        CLIENT_TIMEOUT_SECS,
+        bollard::API_DEFAULT_VERSION,
+    )
+}
 
 /// Where a backend's socket path came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -186,7 +186,7 @@ pub enum DockerError {
     },
     /// The seccomp policy cannot be rendered as a container profile.
     #[error("render the seccomp profile")]
-    Seccomp(#[source] crate::seccomp::ProfileError),
+    Seccomp(#[source] airlock_seccomp::SeccompError),
     /// The seccomp profile file (for Podman) could not be written.
     #[error("write the seccomp profile {path}")]
     WriteProfile {

@@ -108,7 +108,7 @@ pub async fn load_archive(
 ) -> Result<(), DockerError> {
     let backend = flavor.as_str();
     let socket = DockerConfig::from_policy(policy, flavor)?.socket;
-    let docker = crate::cleanup::connect(&socket).map_err(|source| DockerError::Connect {
+    let docker = crate::engine::connect(&socket).map_err(|source| DockerError::Connect {
         backend,
         socket: socket.clone(),
         source,

@@ -12,16 +12,21 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
-pub mod cleanup;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+pub mod host_checks;
 pub mod image;
+pub mod launch;
 pub mod netns;
 pub mod outdir;
+pub mod provider;
 pub mod seccomp;
 pub mod spec;
+pub mod supervise;
+pub mod sweep;
 pub mod tcp;
+pub mod teardown;
 pub mod warm;
 
 use std::fmt;
@@ -30,6 +35,7 @@ use airlock_core::BackendKind;
 
 pub use backend::{DockerBackend, DockerConfig};
 pub use error::DockerError;
+pub use provider::ContainerProvider;
 
 /// Which daemon and runtime a backend uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

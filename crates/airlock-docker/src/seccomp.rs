@@ -1,24 +1,22 @@
 //! The container's seccomp profile: the native backend's reviewed policy
-//! (`policy/seccomp.json`) rendered as one OCI profile, so a container job meets the same
-//! filter as a native one. The policy is parsed and rendered by
-//! [`airlock_sys::seccomp::SeccompPolicy`] (the same types the native backend compiles to
-//! BPF); this module only names what the container backends and `airlock kube
-//! seccomp-profile` call.
+//! (`policy/seccomp.json`) rendered as one OCI profile by airlock-seccomp (the same types
+//! the native backend compiles to BPF), so a container job meets the same filter as a
+//! native one.
 
-pub use airlock_sys::seccomp::OciRuntime;
-use airlock_sys::seccomp::SeccompPolicy;
+use airlock_seccomp::{OciRuntime, SeccompError, SeccompPolicy};
 
-/// The reviewed policy, embedded at build time (the same file the native backend compiles).
-pub const POLICY_JSON: &str = airlock_sys::seccomp::BUILTIN_POLICY_JSON;
+use crate::Flavor;
 
-/// Why the policy cannot be rendered (parse errors, or rules the OCI profile cannot say;
-/// the backend then refuses to run jobs rather than guess).
-pub type ProfileError = airlock_sys::seccomp::SeccompError;
-
-/// Renders the policy as a Docker/OCI seccomp profile (JSON text for `SecurityOpt:
-/// seccomp=…`) for the kernel that enforces it (see [`OciRuntime`]).
-pub fn docker_profile(policy_json: &str, runtime: OciRuntime) -> Result<String, ProfileError> {
-    SeccompPolicy::parse(policy_json)?.to_oci_profile(runtime)
+/// The built-in policy as a Docker/OCI seccomp profile (JSON text for `SecurityOpt:
+/// seccomp=…`) for the kernel that enforces `flavor`'s containers: gVisor's own, or the
+/// host's under runc and crun (see [`OciRuntime`]). An error means the policy cannot be
+/// rendered; the backend then refuses to run jobs rather than guess.
+pub fn profile_for(flavor: Flavor) -> Result<String, SeccompError> {
+    let runtime = match flavor {
+        Flavor::Gvisor => OciRuntime::Gvisor,
+        Flavor::Docker | Flavor::Podman => OciRuntime::Runc,
+    };
+    SeccompPolicy::builtin()?.to_oci_profile(runtime)
 }
 
 #[cfg(test)]
@@ -27,18 +25,17 @@ mod tests {
 
     #[test]
     fn the_builtin_policy_renders_for_every_flavour() {
-        for runtime in [OciRuntime::Runc, OciRuntime::Gvisor] {
+        for flavor in [Flavor::Docker, Flavor::Podman, Flavor::Gvisor] {
             let profile: serde_json::Value =
-                serde_json::from_str(&docker_profile(POLICY_JSON, runtime).unwrap()).unwrap();
+                serde_json::from_str(&profile_for(flavor).unwrap()).unwrap();
             assert_eq!(profile["defaultErrnoRet"], 38);
         }
     }
 
     #[test]
-    fn a_policy_that_does_not_parse_is_refused() {
-        assert!(matches!(
-            docker_profile(r#"{"allow": {}}"#, OciRuntime::Runc),
-            Err(ProfileError::ParsePolicy(_))
-        ));
+    fn gvisor_gets_the_profile_for_its_own_kernel() {
+        let runc = profile_for(Flavor::Docker).unwrap();
+        assert_eq!(profile_for(Flavor::Podman).unwrap(), runc);
+        assert_ne!(profile_for(Flavor::Gvisor).unwrap(), runc);
     }
 }

@@ -224,10 +224,17 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
     };
     let tmp_bytes = limits.tmp.as_u64();
     let memory = saturating_i64(limits.memory.as_u64());
-    let mut tmpfs = HashMap::from([(
-        "/tmp".to_owned(),
-        format!("rw,noexec,nosuid,nodev,size={tmp_bytes}"),
-    )]);
+    let mut tmpfs = HashMap::new();
+    match &job.session_tmp {
+        // A session's own /tmp (size-capped on the host), as its /work is bound.
+        Some(session_tmp) => binds.push(format!("{}:/tmp:rw", session_tmp.display())),
+        None => {
+            tmpfs.insert(
+                "/tmp".to_owned(),
+                format!("rw,noexec,nosuid,nodev,size={tmp_bytes}"),
+            );
+        }
+    }
     match plan.flavor {
         Flavor::Podman => {
             // Podman's --read-only adds writable tmpfs at /run and /var/tmp; the Engine API
@@ -407,7 +414,7 @@ mod tests {
     #[test]
     fn a_warm_container_differs_from_a_cold_one_only_in_how_it_waits() {
         let job = job(&Policy::builtin());
-        let warm_argv: Vec<String> = ["python3", "-I", "-u", "-c", "BOOTSTRAP"]
+        let warm_argv: Vec<String> = ["python3", "-B", "-E", "-s", "-u", "-c", "BOOTSTRAP"]
             .map(String::from)
             .to_vec();
         for flavor in [Flavor::Docker, Flavor::Gvisor, Flavor::Podman] {
@@ -469,9 +476,11 @@ mod tests {
                 "PATH=/usr/local/bin:/usr/bin:/bin",
                 "PYTHONDONTWRITEBYTECODE=1",
                 "python3",
-                "-I",
+                "-B",
+                "-E",
+                "-s",
                 "-u",
-                "/work/main.py"
+                "/work/.airlock-main.py"
             ]
         );
     }

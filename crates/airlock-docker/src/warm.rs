@@ -33,12 +33,12 @@ use airlock_host::jobdir::JobDir;
 use bollard::query_parameters::WaitContainerOptions;
 
 use crate::Flavor;
-use crate::backend::{
-    AbortOnDrop, ContainerFiles, DockerBackend, JOB_IDS, Leftovers, Started, next,
-};
+use crate::backend::{AbortOnDrop, DockerBackend, JOB_IDS, next};
 use crate::error::DockerError;
 use crate::image::CheckedImage;
+use crate::launch::{ContainerFiles, Started};
 use crate::spec;
+use crate::teardown::Leftovers;
 
 /// A container backend with a pool of warm containers for one language's jobs.
 pub type PooledContainers = WarmPool<WarmContainers>;

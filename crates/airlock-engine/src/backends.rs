@@ -1,23 +1,25 @@
-//! Opening a backend by kind: the one place that knows every backend.
+//! The backends' providers: the one place that knows every backend. Everything the engine,
+//! doctor, images and sessions need to know of a backend, they ask its [`Provider`].
 
 use std::sync::Arc;
 
-use airlock_core::{Backend, BackendError, BackendKind};
-use airlock_docker::Flavor;
+pub use airlock_core::OpenOptions;
+use airlock_core::{Backend, BackendError, BackendKind, Provider};
 
 use crate::LoadedPolicy;
 
-/// How a backend is opened.
-#[derive(Debug, Clone, Default)]
-pub struct OpenOptions {
-    /// Keep the policy's warm sandboxes (`[native] warm_pool`, `[docker] warm_pool`,
-    /// `gvisor_warm_pool`, `podman_warm_pool`) started ahead of jobs (for a long-running
-    /// server; a single `airlock run` would only waste them). Needs a tokio runtime.
-    pub warm_pool: bool,
-    /// Build the warm sandboxes for this job rather than for the policy's defaults in
-    /// `warm_language`, and keep at least one (`airlock run --warm`, which puts a single
-    /// job through the warm path for tests and diagnosis). Only with `warm_pool`.
-    pub warm_template: Option<airlock_core::JobRequest>,
+/// The provider of backend `kind`.
+pub fn provider(kind: BackendKind) -> &'static dyn Provider {
+    match kind {
+        BackendKind::Native => &airlock_native::NativeProvider,
+        BackendKind::Docker => &airlock_docker::provider::DOCKER,
+        BackendKind::Podman => &airlock_docker::provider::PODMAN,
+        BackendKind::Gvisor => &airlock_docker::provider::GVISOR,
+        #[cfg(feature = "kube")]
+        BackendKind::Kube => &airlock_kube::KubeProvider,
+        #[cfg(not(feature = "kube"))]
+        BackendKind::Kube => &not_built::NotBuilt(BackendKind::Kube),
+    }
 }
 
 /// Opens the backend `kind` for a policy. An error is a [`BackendError`] (usually
@@ -32,111 +34,61 @@ pub fn open_with(
     loaded: &LoadedPolicy,
     options: OpenOptions,
 ) -> Result<Arc<dyn Backend>, BackendError> {
-    match kind {
-        BackendKind::Native => {
-            let helper = airlock_native::backend::current_exe().map_err(BackendError::from)?;
-            let config = airlock_native::NativeConfig::from_policy(&loaded.policy, helper);
-            let backend = airlock_native::NativeBackend::new(config).map_err(BackendError::from)?;
-            let mut size = loaded.policy.native.warm_pool;
-            let single_job = options.warm_template.is_some();
-            if single_job {
-                size = size.max(1);
-            }
-            if !options.warm_pool || size == 0 {
-                return Ok(Arc::new(backend));
-            }
-            let template = warm_template(
-                &loaded.policy,
-                options.warm_template,
-                &loaded.policy.native.warm_language,
-            )?;
-            let config = airlock_native::PoolConfig {
-                size: size as usize,
-                idle_max: loaded.policy.native.warm_idle,
-                preload: loaded.policy.native.warm_preload.clone(),
-                zygote: loaded.policy.native.zygote,
-                starts_max: starts_max(single_job),
-            };
-            let pool = airlock_native::pool::start(Arc::new(backend), template, config)
-                .map_err(BackendError::from)?;
-            tracing::info!(size, language = %loaded.policy.native.warm_language,
-                zygote = loaded.policy.native.zygote, "keeping warm sandboxes started");
-            Ok(Arc::new(pool))
-        }
-        BackendKind::Docker | BackendKind::Podman | BackendKind::Gvisor => {
-            let flavor = Flavor::of(kind).ok_or_else(|| {
-                BackendError::new(
-                    airlock_core::ErrorKind::Internal,
-                    format!("{kind} is no container backend"),
-                )
-            })?;
-            let docker = &loaded.policy.docker;
-            let mut size = docker.warm_pool_of(kind);
-            let single_job = options.warm_template.is_some();
-            if single_job {
-                size = size.max(1);
-            }
-            if !options.warm_pool || size == 0 {
-                return airlock_docker::backend::open(&loaded.policy, flavor);
-            }
-            let config = airlock_docker::DockerConfig::from_policy(&loaded.policy, flavor)
-                .map_err(BackendError::from)?;
-            let backend = airlock_docker::DockerBackend::new(config).map_err(BackendError::from)?;
-            let template =
-                warm_template(&loaded.policy, options.warm_template, &docker.warm_language)?;
-            let config = airlock_core::warm::WarmPoolConfig {
-                size: size as usize,
-                idle_max: docker.warm_idle,
-                starts_max: starts_max(single_job),
-            };
-            let pool = airlock_docker::warm::start(Arc::new(backend), template, config)
-                .map_err(BackendError::from)?;
-            tracing::info!(size, backend = %kind, language = %docker.warm_language,
-                "keeping warm containers started");
-            Ok(Arc::new(pool))
-        }
-        #[cfg(feature = "kube")]
-        BackendKind::Kube => airlock_kube::open(&loaded.policy),
-        #[cfg(not(feature = "kube"))]
-        BackendKind::Kube => Err(BackendError::new(
-            airlock_core::ErrorKind::BackendUnavailable,
+    provider(kind).open(&loaded.policy, options)
+}
+
+#[cfg(not(feature = "kube"))]
+mod not_built {
+    use std::sync::Arc;
+
+    use airlock_core::doctor::Check;
+    use airlock_core::{
+        Backend, BackendError, BackendKind, BoxFuture, Capabilities, OpenOptions, Policy, Provider,
+    };
+
+    /// A backend this airlock was built without (the Kubernetes backend is a cargo feature).
+    pub(super) struct NotBuilt(pub(super) BackendKind);
+
+    impl NotBuilt {
+        fn fix(&self) -> String {
             format!(
-                "this airlock was built without the {kind} backend; rebuild with `--features kube`"
-            ),
-        )),
-    }
-}
-
-/// The bound on a pool's starts: one job (`airlock run --warm`) gets one sandbox, and no
-/// replacement after it.
-fn starts_max(single_job: bool) -> Option<u64> {
-    single_job.then_some(1)
-}
-
-/// The job warm sandboxes are built for: `request` (`airlock run --warm`'s job), else an
-/// empty program in the pool's `language` with every default of the policy.
-fn warm_template(
-    policy: &airlock_core::Policy,
-    request: Option<airlock_core::JobRequest>,
-    language: &str,
-) -> Result<airlock_core::JobSpec, BackendError> {
-    if let Some(request) = request {
-        return request.resolve(policy).map_err(|e| {
-            BackendError::new(
-                airlock_core::ErrorKind::PolicyDenied,
-                format!("the warm sandbox's job is refused by the policy: {e}"),
+                "rebuild with `cargo build -p airlock-cli --features {}`",
+                self.0
             )
-        });
+        }
     }
-    airlock_core::JobRequest {
-        language: language.to_owned(),
-        ..Default::default()
+
+    impl Provider for NotBuilt {
+        fn kind(&self) -> BackendKind {
+            self.0
+        }
+
+        fn capabilities(&self, _policy: &Policy) -> Capabilities {
+            Capabilities::bare(self.0)
+        }
+
+        fn open(
+            &self,
+            _policy: &Policy,
+            _options: OpenOptions,
+        ) -> Result<Arc<dyn Backend>, BackendError> {
+            Err(BackendError::new(
+                airlock_core::ErrorKind::BackendUnavailable,
+                format!(
+                    "this airlock was built without the {} backend; {}",
+                    self.0,
+                    self.fix()
+                ),
+            ))
+        }
+
+        fn host_checks<'a>(&'a self, _policy: &'a Policy) -> BoxFuture<'a, Vec<Check>> {
+            let check = Check::missing(
+                self.0.as_str(),
+                format!("this airlock was built without the {} backend", self.0),
+                self.fix(),
+            );
+            Box::pin(async move { vec![check] })
+        }
     }
-    .resolve(policy)
-    .map_err(|e| {
-        BackendError::new(
-            airlock_core::ErrorKind::BackendUnavailable,
-            format!("the warm pool's template job is refused by the policy: {e}"),
-        )
-    })
 }

@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use airlock_core::doctor::{Check, DoctorReport};
 use airlock_core::{BackendKind, JobRequest, Outcome, Termination};
-use airlock_docker::Flavor;
 
 use crate::LoadedPolicy;
 
@@ -17,42 +16,45 @@ pub const END_TO_END: &str = "sandbox end to end";
 ///
 /// Needs a tokio runtime (the container and cluster checks talk to their daemons).
 pub async fn doctor(kind: BackendKind, loaded: &LoadedPolicy) -> DoctorReport {
-    let mut report = match kind {
-        BackendKind::Native => airlock_native::doctor::diagnose(&loaded.policy),
-        BackendKind::Docker | BackendKind::Podman | BackendKind::Gvisor => {
-            let mut report = DoctorReport::new(kind.as_str());
-            if let Some(flavor) = Flavor::of(kind) {
-                report.extend(airlock_docker::doctor::doctor(&loaded.policy, flavor).await);
-            }
-            report
-        }
-        BackendKind::Kube => {
-            let mut report = DoctorReport::new(kind.as_str());
-            report.extend(kube_checks(loaded).await);
-            report
-        }
-    };
+    let mut report = DoctorReport::new(kind.as_str());
+    report.extend(
+        crate::backends::provider(kind)
+            .host_checks(&loaded.policy)
+            .await,
+    );
     // The job is what tells a real refusal from a check's blind spot, so it runs even after
     // a missing control, except on a cluster that is not ready: there it would only wait
     // for a Pod that cannot be admitted.
     if kind != BackendKind::Kube || report.ready {
         report.push(end_to_end(kind, loaded).await);
     }
+    report.push(audit_log(loaded));
     report
 }
 
-#[cfg(feature = "kube")]
-async fn kube_checks(loaded: &LoadedPolicy) -> Vec<Check> {
-    airlock_kube::doctor::diagnose(&loaded.policy).await
-}
+/// The control name of the audit log's line.
+pub const AUDIT_LOG: &str = "audit log";
 
-#[cfg(not(feature = "kube"))]
-async fn kube_checks(_loaded: &LoadedPolicy) -> Vec<Check> {
-    vec![Check::missing(
-        "kube",
-        "this airlock was built without the Kubernetes backend",
-        "rebuild with `cargo build -p airlock-cli --features kube`",
-    )]
+/// Whether the audit log and its write-ahead records can be written: when they cannot,
+/// every job is refused (none runs unaudited).
+fn audit_log(loaded: &LoadedPolicy) -> Check {
+    let path = loaded.audit_path();
+    match crate::AuditLog::open(&path, false).and_then(|log| log.probe()) {
+        Ok(()) => Check::ok(AUDIT_LOG, format!("{} is writable", path.display())),
+        Err(e) => {
+            let reason = match &e {
+                crate::EngineError::Audit { path, source } => {
+                    format!("{}: {source}", path.display())
+                }
+                other => other.to_string(),
+            };
+            Check::missing(
+                AUDIT_LOG,
+                format!("not writable, so every job is refused: {reason}"),
+                "free space on its file system, or point [audit] path at a writable one",
+            )
+        }
+    }
 }
 
 /// Runs a trivial job (`exit 0` in `sh`, or `pass` in Python when the policy has no `sh`)

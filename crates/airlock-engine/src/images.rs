@@ -1,13 +1,12 @@
 //! Images in the container daemons: loading an airlock-built image into Docker or Podman
 //! (`airlock image load`), so that the CLI never talks to a backend itself.
 
-use airlock_core::{BackendError, BackendKind, ErrorKind};
-use airlock_docker::Flavor;
+use airlock_core::{BackendError, BackendKind};
 
 use crate::LoadedPolicy;
 
-/// Loads an image archive into the daemon of backend `kind` (docker, podman or gvisor) and
-/// checks that the daemon holds `tag` as `expected_id`.
+/// Loads an image archive into the image store of backend `kind` (docker, podman or
+/// gvisor: their daemon's) and checks that it holds `tag` as `expected_id`.
 pub async fn load_into(
     kind: BackendKind,
     loaded: &LoadedPolicy,
@@ -15,13 +14,7 @@ pub async fn load_into(
     tag: &str,
     expected_id: &str,
 ) -> Result<(), BackendError> {
-    let Some(flavor) = Flavor::of(kind) else {
-        return Err(BackendError::new(
-            ErrorKind::InvalidInput,
-            format!("the {kind} backend has no image store to load into; use docker or podman"),
-        ));
-    };
-    airlock_docker::image::load_archive(&loaded.policy, flavor, archive, tag, expected_id)
+    crate::backends::provider(kind)
+        .load_image(&loaded.policy, archive, tag, expected_id)
         .await
-        .map_err(BackendError::from)
 }

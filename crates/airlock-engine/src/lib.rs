@@ -98,12 +98,71 @@ impl LoadedPolicy {
     }
 }
 
+/// What a job's audit line knows of its request before it is resolved: who sent it, when,
+/// its language and sizes.
+fn request_context(
+    request: &JobRequest,
+    tenant: Option<String>,
+    received_at: SystemTime,
+) -> AuditContext {
+    AuditContext {
+        received_at: Some(received_at),
+        tenant,
+        language: Some(request.language.clone()),
+        source_bytes: request.source.len() as u64,
+        input_files: request.files.len() as u64,
+        ..Default::default()
+    }
+}
+
+/// Adds to `context` what resolving the request fixed: the source's hash, the limits and
+/// the network.
+fn note_spec(context: &mut AuditContext, spec: &airlock_core::JobSpec) {
+    context.source_sha256 = Some(spec.source_sha256.clone());
+    context.limits = Some(spec.limits.clone());
+    context.network = Some(spec.network);
+}
+
+/// A job accepted into a server's queue ([`Engine::accept_queued`]): its id, when it was
+/// received, and its write-ahead record, withdrawn if it is dropped unrun.
+#[derive(Debug)]
+pub struct QueuedJob {
+    id: JobId,
+    received_at: SystemTime,
+    accepted: Option<audit::Accepted>,
+}
+
+impl QueuedJob {
+    /// The id the job runs (and is audited) with.
+    pub fn id(&self) -> &JobId {
+        &self.id
+    }
+}
+
+impl Drop for QueuedJob {
+    fn drop(&mut self) {
+        if let Some(accepted) = self.accepted.take() {
+            accepted.withdraw();
+        }
+    }
+}
+
+/// Bytes and copies of the native backend's prepared minimal roots under the host's
+/// cache (`/metrics`; `airlock doctor` reports the same). Walks the cache: call it off
+/// the async threads, and not on every request.
+pub fn root_cache_usage() -> (u64, u64) {
+    airlock_native::minimal_root::cache_usage(&airlock_native::minimal_root::cache_dir())
+}
+
 /// airlock's state directory: `$AIRLOCK_STATE_DIR`, else `/var/lib/airlock` for root,
 /// else `$XDG_STATE_HOME/airlock`, else `~/.local/state/airlock`. Defined once, in the
 /// image store's crate, which needs it without the engine.
 pub fn state_dir() -> PathBuf {
     airlock_host::state_dir()
 }
+
+/// The error of the audit line a later start writes for a job whose process died first.
+const INTERRUPTED_MESSAGE: &str = "interrupted: the airlock process that accepted this job ended before the job did; its sandbox was removed";
 
 /// Runs jobs: policy check, backend, observation, audit.
 pub struct Engine {
@@ -136,6 +195,18 @@ impl Engine {
         backend: Result<Arc<dyn Backend>, BackendError>,
         audit: AuditLog,
     ) -> Self {
+        // The backend's own startup sweep removed what a dead instance left; its jobs'
+        // lines are written here, so none it accepted goes unaudited.
+        match audit.settle_interrupted() {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                jobs = n,
+                log = %audit.path().display(),
+                "audited jobs a dead airlock process had accepted as interrupted"
+            ),
+            Err(e) => tracing::error!(error = %e, source = ?std::error::Error::source(&e),
+                "jobs a dead airlock process had accepted are not audited yet"),
+        }
         Self {
             redactor: redaction::PendingRedactor::start(&policy),
             policy,
@@ -156,9 +227,33 @@ impl Engine {
         self.backend_kind
     }
 
+    /// What the engine's backend can do (its provider's answer under this policy).
+    pub fn capabilities(&self) -> airlock_core::Capabilities {
+        backends::provider(self.backend_kind).capabilities(&self.policy)
+    }
+
     /// The audit log.
     pub fn audit(&self) -> &AuditLog {
         &self.audit
+    }
+
+    /// Appends the audit line of something the host handed back from a session's
+    /// workspace (a file read, a listing whose names were redacted), whichever API asked:
+    /// `line` (an object with its `event`) gets the time, the session and its tenant. A
+    /// line that cannot be written is logged; the read has happened either way.
+    pub fn audit_workspace_access(
+        &self,
+        session_id: &str,
+        tenant: &str,
+        mut line: serde_json::Value,
+    ) {
+        line["time"] =
+            serde_json::json!(airlock_core::audit::format_rfc3339_millis(SystemTime::now()));
+        line["session_id"] = serde_json::json!(session_id);
+        line["tenant"] = serde_json::json!(tenant);
+        if let Err(e) = self.audit.append_line(&format!("{line}\n")) {
+            tracing::error!(session = %session_id, error = %e, "workspace access audit line not written");
+        }
     }
 
     /// Turns a report into the observation: rendering, caps and the policy's redaction.
@@ -196,6 +291,45 @@ impl Engine {
         let redactor = self.redactor.get().ok()?;
         let redacted = redactor.redact_between("", text, "");
         Some((redacted.text, redacted.count))
+    }
+
+    /// What the host may hand back of a file it read from a job's workspace (a session's
+    /// `/work`, the E2B file routes): scanned with the policy's rules exactly as a `/out`
+    /// file is ([`airlock_core::observation::release_workspace_file`]). Withheld when the
+    /// redactor could not be built: nothing leaves unscanned.
+    pub fn release_workspace_file(
+        &self,
+        path: &str,
+        content: Vec<u8>,
+    ) -> airlock_core::observation::WorkspaceFileRelease {
+        match self.redactor.get() {
+            Ok(redactor) => airlock_core::observation::release_workspace_file(
+                path,
+                content,
+                &|before, text, after| {
+                    let redacted = redactor.redact_between(before, &text, after);
+                    (redacted.text, redacted.count)
+                },
+            ),
+            Err(message) => airlock_core::observation::WorkspaceFileRelease::Withheld {
+                reason: format!("{message}; files are not handed back unscanned"),
+                secrets: 0,
+            },
+        }
+    }
+
+    /// A name of a workspace listing as it may be shown (escaped, redacted) and the
+    /// number of secrets replaced; `None` when the redactor could not be built (the name
+    /// must then not be shown).
+    pub fn shown_workspace_name(&self, name: &str) -> Option<(String, u64)> {
+        let redactor = self.redactor.get().ok()?;
+        Some(airlock_core::observation::shown_workspace_name(
+            name,
+            &|before, text, after| {
+                let redacted = redactor.redact_between(before, &text, after);
+                (redacted.text, redacted.count)
+            },
+        ))
     }
 
     /// The backend's warm pool figures, when it keeps one.
@@ -266,6 +400,63 @@ impl Engine {
             .await
     }
 
+    /// Accepts a job that is about to wait in a server's queue: writes its write-ahead
+    /// record now, so that should the process die while the job waits, the next start's
+    /// sweep gives it its one `interrupted` line as it does a running job's. Run it with
+    /// [`Engine::run_detached_queued`]; dropped unrun (a queue timeout, a shutdown, a
+    /// client gone), its record is withdrawn: the caller answered with a refusal, and the
+    /// job has no line, as one refused at the door. `None` when the policy refuses the
+    /// request (the run answers that) or the record cannot be written (the run refuses
+    /// the job then, naming the audit log).
+    pub fn accept_queued(&self, request: &JobRequest, tenant: Option<&str>) -> Option<QueuedJob> {
+        let received_at = SystemTime::now();
+        let spec = request.clone().resolve(&self.policy).ok()?;
+        let mut context = request_context(request, tenant.map(str::to_owned), received_at);
+        note_spec(&mut context, &spec);
+        let line = self.interrupted_line(context, &spec.id);
+        match self.audit.accept(&line) {
+            Ok(accepted) => Some(QueuedJob {
+                id: spec.id,
+                received_at,
+                accepted: Some(accepted),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "queued job's write-ahead record not written");
+                None
+            }
+        }
+    }
+
+    /// The line an accepted job's write-ahead record holds: the one the log gets should
+    /// this process end before the job does.
+    fn interrupted_line(&self, context: AuditContext, id: &JobId) -> AuditRecord {
+        AuditRecord::new(
+            context,
+            &Observation::error(
+                id.clone(),
+                self.backend_kind,
+                &self.policy.version,
+                ErrorKind::Internal,
+                INTERRUPTED_MESSAGE,
+            ),
+        )
+    }
+
+    /// Like [`Engine::run_detached`], for a job accepted while it waited in a queue
+    /// ([`Engine::accept_queued`]): it keeps the id, the time received and the write-ahead
+    /// record it was given there.
+    pub async fn run_detached_queued(
+        &self,
+        request: JobRequest,
+        tenant: Option<String>,
+        queued: Option<QueuedJob>,
+        interrupt: impl std::future::Future<Output = String>,
+        sink: Option<OutputSink>,
+    ) -> (JobResult, PendingTeardown) {
+        self.run_detached_inner(request, tenant, None, queued, interrupt, sink)
+            .await
+    }
+
     /// Like [`Engine::run_detached`]; a `wall_time` replaces the resolved one after the
     /// request passed the policy's checks. Only the session manager sets it: a kernel
     /// session's one job lives for the session's `ttl`, and a call never outlives it.
@@ -277,16 +468,24 @@ impl Engine {
         interrupt: impl std::future::Future<Output = String>,
         sink: Option<OutputSink>,
     ) -> (JobResult, PendingTeardown) {
-        let received_at = SystemTime::now();
+        self.run_detached_inner(request, tenant, wall_time, None, interrupt, sink)
+            .await
+    }
+
+    async fn run_detached_inner(
+        &self,
+        request: JobRequest,
+        tenant: Option<String>,
+        wall_time: Option<std::time::Duration>,
+        mut queued: Option<QueuedJob>,
+        interrupt: impl std::future::Future<Output = String>,
+        sink: Option<OutputSink>,
+    ) -> (JobResult, PendingTeardown) {
+        let received_at = queued
+            .as_ref()
+            .map_or_else(SystemTime::now, |q| q.received_at);
         let started = Instant::now();
-        let mut context = AuditContext {
-            received_at: Some(received_at),
-            tenant,
-            language: Some(request.language.clone()),
-            source_bytes: request.source.len() as u64,
-            input_files: request.files.len() as u64,
-            ..Default::default()
-        };
+        let mut context = request_context(&request, tenant, received_at);
         let version = self.policy.version.clone();
         let error_result = |observation: Observation| JobResult {
             observation,
@@ -294,6 +493,9 @@ impl Engine {
             connections: Vec::new(),
         };
         let mut teardown = PendingTeardown::done();
+        let mut accepted = None;
+        let mut job_span_for_audit = None;
+        let mut phases = None;
         let result = match request.resolve(&self.policy) {
             Err(e) => {
                 tracing::info!(kind = %e.kind(), error = %e, "request refused");
@@ -305,13 +507,47 @@ impl Engine {
                     e.to_string(),
                 ))
             }
-            Ok(mut spec) => {
+            Ok(mut spec) => 'job: {
                 if let Some(wall_time) = wall_time {
                     spec.limits.timeout = wall_time;
                 }
-                context.source_sha256 = Some(spec.source_sha256.clone());
-                context.limits = Some(spec.limits.clone());
-                context.network = Some(spec.network);
+                let preaccepted = queued.as_mut().and_then(|q| {
+                    let record = q.accepted.take()?;
+                    Some((q.id.clone(), record))
+                });
+                if let Some((id, _)) = &preaccepted {
+                    spec.id = id.clone();
+                }
+                note_spec(&mut context, &spec);
+                // Write-ahead: the job runs only once its end is sure to be audited, by
+                // this process or, should it die first, by the next start's sweep.
+                let interrupted_line = self.interrupted_line(context.clone(), &spec.id);
+                let accepting = match preaccepted {
+                    // Accepted while queued: its record is already written.
+                    Some((_, record)) => Ok(record),
+                    None => self.audit.accept(&interrupted_line),
+                };
+                match accepting {
+                    Ok(record) => accepted = Some(record),
+                    Err(e) => {
+                        let reason = match &e {
+                            EngineError::Audit { path, source } => {
+                                format!("{}: {source}", path.display())
+                            }
+                            other => other.to_string(),
+                        };
+                        tracing::error!(%reason, "job refused: the audit log cannot be written");
+                        break 'job error_result(Observation::error(
+                            spec.id.clone(),
+                            self.backend_kind,
+                            &version,
+                            ErrorKind::BackendUnavailable,
+                            format!(
+                                "refused: the audit log cannot be written ({reason}); no job runs unaudited until it can"
+                            ),
+                        ));
+                    }
+                }
                 let streaming = sink.clone().map(|sink| {
                     redaction::Streaming::new(
                         sink,
@@ -325,11 +561,23 @@ impl Engine {
                 // Instrumented, never entered: an entered guard held across the await
                 // below stays on this thread's span stack while other tasks run on it,
                 // and their lines would carry this job's id.
-                let span =
-                    tracing::info_span!("job", job_id = %spec.id, backend = %self.backend_kind);
+                let span = tracing::info_span!(
+                    "job",
+                    job_id = %spec.id,
+                    backend = %self.backend_kind,
+                    // Named for OpenTelemetry only when it exports (so log lines stay
+                    // as they were otherwise): `execute_tool run_code`.
+                    otel.name = tracing::field::Empty,
+                    otel.kind = tracing::field::Empty,
+                );
+                airlock_telemetry::start_job_span(&span);
+                job_span_for_audit = Some(span.clone());
                 let teardown = &mut teardown;
                 let job_span = span.clone();
-                async { match &self.backend {
+                let phases = &mut phases;
+                let limits = spec.limits.clone();
+                let mut interrupted = false;
+                let result = async { match &self.backend {
                     Err(e) => error_result(Observation::error(
                         spec.id.clone(),
                         self.backend_kind,
@@ -343,22 +591,43 @@ impl Engine {
                                 streaming.flush();
                             }
                             result.map(|(report, removal)| {
-                                *teardown = self.teardowns.start(removal, job_span);
+                                let teardown_span =
+                                    airlock_telemetry::job_teardown_span(&job_span, spec.id.as_str());
+                                *teardown = self.teardowns.start(removal, teardown_span);
                                 report
                             })
                         }
                         // Dropping the backend's future kills the sandbox and removes it.
-                        reason = interrupt => Err(BackendError::new(
-                            ErrorKind::Internal,
-                            format!("interrupted ({reason}); the job was killed"),
-                        )),
+                        // A client that gives up (its own timeout, a cancel) is ordinary:
+                        // logged as what it is, not as a failure of airlock's.
+                        reason = interrupt => {
+                            tracing::info!(%reason, "job interrupted; it was killed");
+                            interrupted = true;
+                            Err(BackendError::new(
+                                ErrorKind::Internal,
+                                format!("interrupted ({reason}); the job was killed"),
+                            ))
+                        }
                     } {
                         Ok(report) => {
                             context.setup = report.setup;
-                            self.render(spec.id.clone(), report)
+                            let (setup, run, acquire) =
+                                (report.setup, report.duration, report.acquire);
+                            let render_started = SystemTime::now();
+                            let result = self.render(spec.id.clone(), report);
+                            *phases = Some(airlock_telemetry::Phases {
+                                received: received_at,
+                                setup,
+                                run,
+                                acquire,
+                                output: Some((render_started, SystemTime::now())),
+                            });
+                            result
                         }
                         Err(e) => {
-                            tracing::warn!(kind = %e.kind, error = %e.message, "job failed to run");
+                            if !interrupted {
+                                tracing::warn!(kind = %e.kind, error = %e.message, "job failed to run");
+                            }
                             error_result(Observation::error(
                                 spec.id.clone(),
                                 self.backend_kind,
@@ -369,8 +638,18 @@ impl Engine {
                         }
                     },
                 } }
-                .instrument(span)
-                .await
+                .instrument(span.clone())
+                .await;
+                airlock_telemetry::finish_job_span(
+                    &span,
+                    &result.observation,
+                    airlock_telemetry::JobFacts {
+                        limits: Some(&limits),
+                        connections: &result.connections,
+                    },
+                    *phases,
+                );
+                result
             }
         };
         context.total = started.elapsed();
@@ -380,10 +659,18 @@ impl Engine {
                 tracing::error!(error = %e, "audit line of a connection not written");
             }
         }
-        if let Err(e) = self
-            .audit
-            .append(&AuditRecord::new(context, &result.observation))
-        {
+        let record = AuditRecord::new(context, &result.observation);
+        airlock_telemetry::emit_audit_record(
+            &record,
+            job_span_for_audit
+                .as_ref()
+                .unwrap_or(&tracing::Span::none()),
+        );
+        let written = match accepted {
+            Some(accepted) => self.audit.settle(accepted, &record),
+            None => self.audit.append(&record),
+        };
+        if let Err(e) = written {
             // The job ran; losing its result would not make the log whole again.
             tracing::error!(error = %e, source = ?std::error::Error::source(&e), "audit line not written");
         }
@@ -431,12 +718,7 @@ mod tests {
             BackendKind::Native
         }
         fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                backend: BackendKind::Native,
-                network_proxy: false,
-                out_dir: false,
-                image_rootfs: false,
-            }
+            Capabilities::bare(BackendKind::Native)
         }
         fn run_then_teardown<'a>(
             &'a self,
@@ -522,6 +804,165 @@ mod tests {
         removed.notify_one();
         assert!(run.await.unwrap().observation.ok);
         assert_eq!(engine.teardowns().pending(), 0);
+    }
+
+    /// Jobs exit 0; each fills the file system of `fill` (the audit log's) to the brim
+    /// while it runs, when asked to.
+    struct FillingDisk {
+        fill: Option<PathBuf>,
+        runs: Arc<std::sync::atomic::AtomicUsize>,
+    }
+    impl Backend for FillingDisk {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Native
+        }
+        fn capabilities(&self) -> Capabilities {
+            Refusing.capabilities()
+        }
+        fn run_then_teardown<'a>(
+            &'a self,
+            _job: &'a JobSpec,
+            _tap: Option<OutputTap>,
+        ) -> BoxFuture<'a, Result<(RunReport, airlock_core::Teardown), BackendError>> {
+            self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if let Some(path) = &self.fill {
+                fill_to_the_brim(path);
+            }
+            Box::pin(async {
+                let report = RunReport::ended(airlock_core::Termination::Exited(0), Duration::ZERO);
+                Ok((report, airlock_core::Teardown::new(async {})))
+            })
+        }
+    }
+
+    fn fill_to_the_brim(path: &Path) {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(path).unwrap();
+        let chunk = [0x55u8; 4096];
+        while file.write_all(&chunk).is_ok() {}
+        while file.write_all(&chunk[..1]).is_ok() {}
+        assert_eq!(
+            file.write_all(b"x").unwrap_err().raw_os_error(),
+            Some(28),
+            "not full"
+        );
+    }
+
+    /// A small tmpfs, unmounted on drop.
+    struct SmallTmpfs(tempfile::TempDir);
+    impl SmallTmpfs {
+        fn mount() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let status = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=256k,mode=0700", "airlock-test"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(status.success(), "mount tmpfs");
+            Self(dir)
+        }
+        fn path(&self) -> &Path {
+            self.0.path()
+        }
+    }
+    impl Drop for SmallTmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+
+    fn job_lines(log: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect()
+    }
+
+    fn python(source: &str) -> JobRequest {
+        JobRequest {
+            language: "python".into(),
+            source: source.as_bytes().to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_refuses_jobs_naming_the_path_and_they_resume_when_it_recovers() {
+        airlock_testkit::require!(
+            airlock_testkit::require::is_root(),
+            "mounting a tmpfs needs root"
+        );
+        let disk = SmallTmpfs::mount();
+        let log = disk.path().join("audit.jsonl");
+        let filler = disk.path().join("filler");
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let engine = Engine::new(
+            Policy::builtin(),
+            BackendKind::Native,
+            Ok(Arc::new(FillingDisk {
+                fill: Some(filler.clone()),
+                runs: runs.clone(),
+            })),
+            AuditLog::open(&log, true).unwrap(),
+        );
+        // The first job is accepted, and fills the disk while it runs: its line cannot be
+        // written, so its write-ahead record stays.
+        let first = engine.run(python("1")).await.observation;
+        assert!(first.ok, "{first:?}");
+        assert!(!engine.audit().health().writable);
+        assert_eq!(engine.audit().health().unsettled, 1);
+        assert!(engine.audit().health().write_failures >= 1);
+        // Then nothing runs: refused, naming the path, the backend never called.
+        let refused = engine.run(python("2")).await.observation;
+        assert_eq!(
+            refused.error.as_ref().map(|e| e.kind),
+            Some(ErrorKind::BackendUnavailable)
+        );
+        let message = &refused.error.as_ref().unwrap().message;
+        assert!(
+            message.contains(&log.display().to_string()) && message.contains("No space left"),
+            "{message}"
+        );
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(job_lines(&log).is_empty());
+        // Space again: the first job's line goes first, then the next job runs.
+        std::fs::remove_file(&filler).unwrap();
+        let engine = Engine {
+            backend: Ok(Arc::new(FillingDisk {
+                fill: None,
+                runs: runs.clone(),
+            })),
+            ..engine
+        };
+        let third = engine.run(python("3")).await.observation;
+        assert!(third.ok, "{third:?}");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let lines = job_lines(&log);
+        let ids: Vec<&str> = lines
+            .iter()
+            .map(|l| l["job_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            [first.job_id.as_str(), third.job_id.as_str()],
+            "{lines:#?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .all(|l| l["outcome"] == "exited" && l.get("interrupted").is_none())
+        );
+        let health = engine.audit().health();
+        assert!(health.writable && health.unsettled == 0, "{health:?}");
+        assert_eq!(
+            std::fs::read_dir(engine.audit().accepted_dir())
+                .unwrap()
+                .count(),
+            0
+        );
     }
 
     fn engine(dir: &Path) -> Engine {

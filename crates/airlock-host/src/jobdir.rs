@@ -292,7 +292,12 @@ impl JobDir {
                 file_mode(file.executable),
             )?;
         }
-        crate::workspace::chown_workspace(workspace, ids.job_host_uid(), ids.job_host_gid())
+        crate::workspace::chown_workspace(workspace, ids.job_host_uid(), ids.job_host_gid())?;
+        // The session's /tmp, when it keeps one, is the job's as its /work is.
+        if let Some(tmp) = &job.session_tmp {
+            crate::workspace::chown_workspace(tmp, ids.job_host_uid(), ids.job_host_gid())?;
+        }
+        Ok(())
     }
 
     /// Writes the job's CA bundle (public certificates only) as `trust-bundle.pem` in the
@@ -438,7 +443,10 @@ mod tests {
         let f = dir.work().join("d/e/f.txt");
         assert_eq!(fs::read(&f).unwrap(), b"hi");
         assert_eq!(fs::metadata(&f).unwrap().mode() & 0o777, 0o755);
-        assert_eq!(fs::read(dir.work().join("main.sh")).unwrap(), b"true");
+        assert_eq!(
+            fs::read(dir.work().join(".airlock-main.sh")).unwrap(),
+            b"true"
+        );
         let path = dir.work().parent().unwrap().to_owned();
         drop(dir);
         assert!(!path.exists());

@@ -3,10 +3,19 @@
 //! the session, and the host's own reads and writes in it.
 //!
 //! Everything in a workspace was, or may have been, written by a job, so the host treats
-//! it as hostile: every path is walked from the workspace's root descriptor one segment at
-//! a time with `O_NOFOLLOW`, only regular files are opened (`O_NONBLOCK`, so a FIFO cannot
-//! hang the host), reads are capped, and a name is replaced by unlinking it, never by
-//! writing through what sits there.
+//! it as hostile: a file is read through `openat2` relative to the workspace's root
+//! descriptor (beneath it, no symbolic or magic link followed, no other mount crossed),
+//! other paths are walked from the root one segment at a time with `O_NOFOLLOW`, only
+//! regular files are read (`O_NONBLOCK` and `fstat`, so a FIFO or a device cannot hang the
+//! host), reads are capped (a file that grows while read included), and a name is replaced
+//! by unlinking it, never by writing through what sits there.
+//!
+//! Hard links are allowed: a workspace is a tmpfs of its own, and `link(2)` cannot cross
+//! filesystems, so a second name can only ever point at a file of the same workspace (one
+//! the session's code made, or the host wrote for it), never at a host file; a read never
+//! leaves the workspace's own mount. Names are handed back raw: whoever shows them to a
+//! client escapes and redacts them (`airlock_core::observation::shown_workspace_name`), and
+//! file content leaves through `release_workspace_file`, the same scan as `/out`.
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -81,6 +90,37 @@ pub struct WorkspaceEntry {
     pub path: String,
     /// Size.
     pub bytes: u64,
+}
+
+/// What kind of entry a path of a workspace is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceEntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Directory,
+    /// A symbolic link (never followed by the host).
+    Symlink,
+    /// Anything else (a fifo, a socket).
+    Other,
+}
+
+/// One entry of a workspace, as [`Workspace::stat`] and [`Workspace::list_dir`] see it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkspaceStat {
+    /// Path relative to `/work` (`""` for `/work` itself).
+    pub path: String,
+    /// What it is.
+    pub kind: WorkspaceEntryKind,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Last modification, seconds since the epoch.
+    pub modified_s: i64,
+    /// A link's target as written (never resolved).
+    pub link_target: Option<String>,
 }
 
 /// A mounted session workspace. Unmounted and removed by [`Workspace::destroy`] or on drop.
@@ -202,6 +242,32 @@ impl Workspace {
         read_file_at(&self.root()?, rel, cap)
     }
 
+    /// The regular file at `rel`, opened for reading without following a link on the way
+    /// (`O_NOFOLLOW`, `O_NONBLOCK`: a FIFO or a link the job put there is not opened);
+    /// `None` when it is missing or not a regular file. For a file the job is still
+    /// writing, read as it grows (a kernel call's output, streamed).
+    pub fn open_file(&self, rel: &str) -> Result<Option<std::fs::File>, HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, false)?;
+        let Some(dir) = dir else { return Ok(None) };
+        let fd = match rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::LOOP) => return Ok(None),
+            Err(e) => return Err(file_error(rel, format!("open: {e}"), ErrorKind::Internal)),
+        };
+        let st = rustix::fs::fstat(&fd)
+            .map_err(|e| file_error(rel, format!("stat: {e}"), ErrorKind::Internal))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Ok(None);
+        }
+        Ok(Some(std::fs::File::from(fd)))
+    }
+
     /// Removes the file (or link) at `rel`; absent is fine.
     pub fn remove_file(&self, rel: &str) -> Result<(), HostError> {
         let root = self.root()?;
@@ -235,6 +301,110 @@ impl Workspace {
         let Some(dir) = dir else { return Ok(()) };
         remove_tree_at(&dir, name, 0);
         Ok(())
+    }
+
+    /// What is at `rel` (`""` is `/work` itself), never following a link: a link is
+    /// reported as one. `None` when nothing is there.
+    pub fn stat(&self, rel: &str) -> Result<Option<WorkspaceStat>, HostError> {
+        let root = self.root()?;
+        if rel.is_empty() {
+            return stat_at(&root, ".", "").map(Some);
+        }
+        let (dir, name) = walk_to_parent(&root, rel, false)?;
+        let Some(dir) = dir else { return Ok(None) };
+        match stat_at(&dir, name, rel) {
+            Ok(stat) => Ok(Some(stat)),
+            Err(HostError::WorkspaceMissing { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The entries of the directory at `rel` (`""` is `/work`), in name order, and those of
+    /// its subdirectories down to `depth` levels (1: the directory's own), at most
+    /// `max_entries`; links are listed, never followed. `None` when `rel` is not a plain
+    /// directory.
+    pub fn list_dir(
+        &self,
+        rel: &str,
+        depth: usize,
+        max_entries: usize,
+    ) -> Result<Option<Vec<WorkspaceStat>>, HostError> {
+        let dir = if rel.is_empty() {
+            self.root()?
+        } else {
+            match self.open_dir(rel)? {
+                Some(dir) => dir,
+                None => return Ok(None),
+            }
+        };
+        let mut out = Vec::new();
+        list_entries(
+            &dir,
+            rel,
+            depth.clamp(1, WORKSPACE_MAX_DEPTH),
+            max_entries,
+            &mut out,
+        );
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Some(out))
+    }
+
+    /// Makes the directory `rel` and the missing ones on the way; `false` when it was
+    /// there already.
+    pub fn make_dir(&self, rel: &str) -> Result<bool, HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, true)?;
+        let Some(dir) = dir else {
+            return Err(HostError::WorkspaceMissing {
+                path: rel.to_owned(),
+            });
+        };
+        match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => Ok(true),
+            Err(Errno::EXIST) => match open_dir_at(&dir, name) {
+                Ok(_) => Ok(false),
+                Err(_) => Err(file_error(
+                    rel,
+                    "something that is not a directory is there",
+                    ErrorKind::InvalidInput,
+                )),
+            },
+            Err(Errno::NOSPC | Errno::DQUOT) => Err(file_error(
+                rel,
+                "the session's /work is full",
+                ErrorKind::InvalidInput,
+            )),
+            Err(e) => Err(file_error(rel, format!("mkdir: {e}"), ErrorKind::Internal)),
+        }
+    }
+
+    /// Renames `from` to `to` (directories on the way to `to` are made); what `from` is
+    /// (a file, a directory, a link) moves as it is, never followed.
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), HostError> {
+        let root = self.root()?;
+        let (from_dir, from_name) = walk_to_parent(&root, from, false)?;
+        let Some(from_dir) = from_dir else {
+            return Err(HostError::WorkspaceMissing {
+                path: from.to_owned(),
+            });
+        };
+        let (to_dir, to_name) = walk_to_parent(&root, to, true)?;
+        let Some(to_dir) = to_dir else {
+            return Err(HostError::WorkspaceMissing {
+                path: to.to_owned(),
+            });
+        };
+        match rustix::fs::renameat(&from_dir, from_name, &to_dir, to_name) {
+            Ok(()) => Ok(()),
+            Err(Errno::NOENT) => Err(HostError::WorkspaceMissing {
+                path: from.to_owned(),
+            }),
+            Err(e) => Err(file_error(
+                from,
+                format!("rename to {to:?}: {e}"),
+                ErrorKind::InvalidInput,
+            )),
+        }
     }
 
     /// The regular files, in path order, at most `max_entries` entries looked at.
@@ -422,23 +592,56 @@ fn create_temporary(dir: &OwnedFd, mode: Mode) -> Result<(OwnedFd, String), Errn
     }
 }
 
+/// Opens `rel` below `root` for reading as the kernel resolves it with `openat2`: beneath
+/// the root (no `..` out, no absolute link), no symbolic link followed anywhere on the way
+/// (a link swapped in for a directory or the file between a check and the open is `ELOOP`,
+/// not followed), no magic link (`/proc/…/fd`), and no crossing into another mount
+/// (`EXDEV`). Non-blocking, so a FIFO or a device never hangs the host; the caller checks
+/// the type with `fstat`. On a kernel without `openat2` (before 5.6) it falls back to the
+/// walk one segment at a time with `O_NOFOLLOW`, which holds the same properties but the
+/// mount one. The outer error is a bad path; the inner one, what the open said.
+fn open_beneath(root: &OwnedFd, rel: &str) -> Result<Result<OwnedFd, Errno>, HostError> {
+    use rustix::fs::ResolveFlags;
+    check_relative_path(rel).map_err(|r| file_error(rel, r, ErrorKind::InvalidInput))?;
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV;
+    let mut attempt = 0;
+    loop {
+        match rustix::fs::openat2(root, rel, flags, Mode::empty(), resolve) {
+            // A rename anywhere on the host during the lookup makes the kernel refuse to
+            // vouch for it; a retry is safe (the job can stall reads, never redirect them).
+            Err(Errno::AGAIN) if attempt < 16 => attempt += 1,
+            // No openat2 (an old kernel, or a seccomp filter that refuses it): the walk.
+            Err(Errno::NOSYS | Errno::PERM) => break,
+            other => return Ok(other),
+        }
+    }
+    let (dir, name) = walk_to_parent(root, rel, false)?;
+    let Some(dir) = dir else {
+        return Ok(Err(Errno::NOENT));
+    };
+    Ok(rustix::fs::openat(&dir, name, flags, Mode::empty()))
+}
+
 /// Reads a regular file below `root`, at most `cap` bytes.
 pub fn read_file_at(root: &OwnedFd, rel: &str, cap: u64) -> Result<Vec<u8>, HostError> {
     let missing = || HostError::WorkspaceMissing {
         path: rel.to_owned(),
     };
-    let (dir, name) = walk_to_parent(root, rel, false)?;
-    let Some(dir) = dir else {
-        return Err(missing());
-    };
-    let fd = match rustix::fs::openat(
-        &dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
+    let fd = match open_beneath(root, rel)? {
         Ok(fd) => fd,
-        Err(Errno::NOENT | Errno::LOOP) => return Err(missing()),
+        Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => return Err(missing()),
+        Err(Errno::XDEV) => {
+            return Err(file_error(
+                rel,
+                "outside the workspace's own filesystem",
+                ErrorKind::InvalidInput,
+            ));
+        }
         Err(e) => {
             return Err(file_error(
                 rel,
@@ -602,6 +805,80 @@ fn chown_below(
     Ok(())
 }
 
+/// The [`WorkspaceStat`] of `name` below `dir`, reported as `rel`.
+fn stat_at(dir: &OwnedFd, name: &str, rel: &str) -> Result<WorkspaceStat, HostError> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => {
+            return Err(HostError::WorkspaceMissing {
+                path: rel.to_owned(),
+            });
+        }
+        Err(e) => return Err(file_error(rel, format!("stat: {e}"), ErrorKind::Internal)),
+    };
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => WorkspaceEntryKind::File,
+        FileType::Directory => WorkspaceEntryKind::Directory,
+        FileType::Symlink => WorkspaceEntryKind::Symlink,
+        _ => WorkspaceEntryKind::Other,
+    };
+    let link_target = (kind == WorkspaceEntryKind::Symlink)
+        .then(|| rustix::fs::readlinkat(dir, name, Vec::new()).ok())
+        .flatten()
+        .map(|t| t.to_string_lossy().into_owned());
+    Ok(WorkspaceStat {
+        path: rel.to_owned(),
+        kind,
+        bytes: st.st_size as u64,
+        mode: st.st_mode & 0o7777,
+        modified_s: st.st_mtime,
+        link_target,
+    })
+}
+
+fn list_entries(
+    dir: &OwnedFd,
+    prefix: &str,
+    depth: usize,
+    max_entries: usize,
+    out: &mut Vec<WorkspaceStat>,
+) {
+    let Ok(dup) = rustix::io::dup(dir) else {
+        return;
+    };
+    let Ok(entries) = rustix::fs::Dir::new(dup) else {
+        return;
+    };
+    for entry in entries {
+        let Ok(entry) = entry else { return };
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name == "." || name == ".." {
+            continue;
+        }
+        if out.len() >= max_entries {
+            return;
+        }
+        let path = if prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let Ok(stat) = stat_at(dir, name, &path) else {
+            continue;
+        };
+        let is_dir = stat.kind == WorkspaceEntryKind::Directory;
+        out.push(stat);
+        if is_dir
+            && depth > 1
+            && let Ok(sub) = open_dir_at(dir, name)
+        {
+            list_entries(&sub, &path, depth - 1, max_entries, out);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -613,6 +890,45 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn stat_list_make_dir_and_rename_stay_inside_and_never_follow_links() {
+        // A tmpfs mount: root only (the CI runs as root).
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: mounting a workspace needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::create(tmp.path(), "ws", 1 << 20, 64).unwrap();
+        assert!(ws.make_dir("a/b").unwrap());
+        assert!(!ws.make_dir("a/b").unwrap());
+        ws.write_file("a/f.bin", &[0, 255, 10]).unwrap();
+        std::os::unix::fs::symlink("/etc", ws.path().join("a/out")).unwrap();
+        let root = ws.stat("").unwrap().unwrap();
+        assert_eq!(root.kind, WorkspaceEntryKind::Directory);
+        let file = ws.stat("a/f.bin").unwrap().unwrap();
+        assert_eq!((file.kind, file.bytes), (WorkspaceEntryKind::File, 3));
+        let link = ws.stat("a/out").unwrap().unwrap();
+        assert_eq!(link.kind, WorkspaceEntryKind::Symlink);
+        assert_eq!(link.link_target.as_deref(), Some("/etc"));
+        assert!(ws.stat("a/missing").unwrap().is_none());
+        // Through the link is nowhere: the walk never follows it.
+        assert!(ws.stat("a/out/passwd").is_err() || ws.stat("a/out/passwd").unwrap().is_none());
+        assert!(ws.list_dir("a/out", 1, 10).unwrap().is_none());
+        let listed: Vec<String> = ws
+            .list_dir("", 2, 10)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(listed, ["a", "a/b", "a/f.bin", "a/out"]);
+        ws.rename("a/f.bin", "c/g.bin").unwrap();
+        assert_eq!(ws.read_file("c/g.bin", 10).unwrap(), [0, 255, 10]);
+        assert!(ws.rename("../x", "y").is_err());
+        assert!(ws.make_dir("/etc/x").is_err());
+        ws.destroy().unwrap();
     }
 
     #[test]
@@ -639,6 +955,172 @@ mod tests {
         assert_eq!(names(&tmp.path().join("a")), ["b.txt", "dir", "link"]);
     }
 
+    fn write(path: &Path, content: &[u8]) {
+        std::fs::write(path, content).unwrap();
+    }
+
+    /// A job swaps a link in for a directory on the path, and for the file itself, as
+    /// fast as it can while the host reads: the host never reads what the link points at.
+    #[test]
+    fn a_link_swapped_in_while_the_host_reads_is_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("work");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(work.join("d")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        write(&outside.join("f"), b"HOST SECRET");
+        write(&work.join("d/f"), b"job's own");
+        write(&work.join("g"), b"job's own");
+        let root = open_root(&work).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let racer = {
+            let (work, outside, stop) = (work.clone(), outside.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut swaps = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // The directory becomes a link to the host's, then a directory again.
+                    let _ = std::fs::rename(work.join("d"), work.join("d.real"));
+                    let _ = std::os::unix::fs::symlink(&outside, work.join("d"));
+                    let _ = std::fs::remove_file(work.join("d"));
+                    let _ = std::fs::rename(work.join("d.real"), work.join("d"));
+                    // The file becomes a link to the host's file, then a file again.
+                    let _ = std::fs::rename(work.join("g"), work.join("g.real"));
+                    let _ = std::os::unix::fs::symlink(outside.join("f"), work.join("g"));
+                    let _ = std::fs::remove_file(work.join("g"));
+                    let _ = std::fs::rename(work.join("g.real"), work.join("g"));
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let (mut read, mut refused) = (0u32, 0u32);
+        // At least 20,000 reads, and on until both outcomes happened (the racer's thread
+        // may get no CPU at first on a busy machine); the bound only stops a racer that
+        // never runs.
+        let mut i = 0u32;
+        while i < 20_000 || read == 0 || refused == 0 {
+            assert!(
+                i < 2_000_000,
+                "the race never happened: {read} read, {refused} refused"
+            );
+            i += 1;
+            let rel = if i.is_multiple_of(2) { "d/f" } else { "g" };
+            match read_file_at(&root, rel, 1024) {
+                Ok(content) => {
+                    assert_eq!(content, b"job's own", "read through a link");
+                    read += 1;
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swaps = racer.join().unwrap();
+        // Both outcomes happened: the race was real, and the host still read files.
+        assert!(
+            swaps > 0 && read > 0 && refused > 0,
+            "{swaps} {read} {refused}"
+        );
+    }
+
+    #[test]
+    fn a_fifo_or_a_device_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = open_root(tmp.path()).unwrap();
+        rustix::fs::mknodat(&root, "fifo", FileType::Fifo, Mode::from_raw_mode(0o666), 0).unwrap();
+        // A FIFO with no writer blocks a plain open forever; here it is "no such file".
+        let err = read_file_at(&root, "fifo", 1024).unwrap_err();
+        assert!(matches!(err, HostError::WorkspaceMissing { .. }), "{err}");
+        if rustix::process::geteuid().is_root() {
+            // /dev/zero would never end a read; a job on a nodev tmpfs cannot make one,
+            // and the host would not read one if it could.
+            rustix::fs::mknodat(
+                &root,
+                "zero",
+                FileType::CharacterDevice,
+                Mode::from_raw_mode(0o666),
+                rustix::fs::makedev(1, 5),
+            )
+            .unwrap();
+            let err = read_file_at(&root, "zero", 1024).unwrap_err();
+            assert!(matches!(err, HostError::WorkspaceMissing { .. }), "{err}");
+        } else {
+            eprintln!("the device case skipped: mknod of a device needs root");
+        }
+    }
+
+    /// A file a job keeps appending to while the host reads: the read ends at the cap
+    /// (refused), never reading on without bound.
+    #[test]
+    fn a_file_growing_while_read_is_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = open_root(tmp.path()).unwrap();
+        let path = tmp.path().join("grows");
+        write(&path, b"");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                let chunk = [b'a'; 4096];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    file.write_all(&chunk).unwrap();
+                    // Kept at a size that fits a test machine's tmp.
+                    if file.metadata().unwrap().len() > 64 << 20 {
+                        file.set_len(0).unwrap();
+                    }
+                }
+            })
+        };
+        let cap = 64 * 1024;
+        let mut over = 0;
+        let mut reads = 0u32;
+        // At least 2,000 reads, and on until the file outgrew the cap under one (the
+        // writer may get no CPU at first on a busy machine).
+        while reads < 2_000 || over == 0 {
+            assert!(
+                reads < 2_000_000,
+                "the file never outgrew the cap while read"
+            );
+            reads += 1;
+            match read_file_at(&root, "grows", cap) {
+                Ok(content) => assert!(content.len() as u64 <= cap, "{}", content.len()),
+                Err(e) => {
+                    assert!(e.to_string().contains("cap"), "{e}");
+                    over += 1;
+                }
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+    }
+
+    /// Another filesystem mounted inside a workspace (which a job cannot do, but the
+    /// read does not rely on it) is not read through; a hard link inside is.
+    #[test]
+    fn a_read_stays_on_the_workspaces_own_mount_and_hard_links_inside_are_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = open_root(tmp.path()).unwrap();
+        write(&tmp.path().join("own"), b"own");
+        std::fs::hard_link(tmp.path().join("own"), tmp.path().join("second")).unwrap();
+        assert_eq!(read_file_at(&root, "second", 16).unwrap(), b"own");
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("the mount case skipped: mounting needs root");
+            return;
+        }
+        let host = tempfile::tempdir().unwrap();
+        write(&host.path().join("f"), b"HOST SECRET");
+        let inside = tmp.path().join("mnt");
+        std::fs::create_dir(&inside).unwrap();
+        rustix::mount::mount_bind(host.path(), &inside).unwrap();
+        let result = read_file_at(&root, "mnt/f", 64);
+        rustix::mount::unmount(&inside, rustix::mount::UnmountFlags::DETACH).unwrap();
+        let err = result.unwrap_err();
+        assert!(err.to_string().contains("filesystem"), "{err}");
+    }
+
     #[test]
     fn a_reader_never_sees_a_file_half_written() {
         // The session kernel polls for its next call's order file and reads it as soon as
@@ -648,27 +1130,31 @@ mod tests {
         let content = vec![b'x'; 256 * 1024];
         let path = tmp.path().join("order");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let reader = {
-            let (path, stop, len) = (path.clone(), stop.clone(), content.len());
+            let (path, stop, seen, len) = (path.clone(), stop.clone(), seen.clone(), content.len());
             std::thread::spawn(move || {
-                let mut reads = 0u32;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     match std::fs::read(&path) {
                         Ok(bytes) => {
                             assert_eq!(bytes.len(), len, "read a file half written");
-                            reads += 1;
+                            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                         Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
                     }
                 }
-                reads
             })
         };
-        for _ in 0..300 {
+        // Writes go on until the reader has read the file a number of times (on a busy
+        // machine its thread may get no CPU for the first hundreds of writes), at least
+        // 300 of them; the bound only stops a reader that never runs.
+        let mut writes = 0u32;
+        while writes < 300 || seen.load(std::sync::atomic::Ordering::Relaxed) < 50 {
             write_file_at(&root, "order", &content, Mode::from_raw_mode(0o644)).unwrap();
+            writes += 1;
+            assert!(writes < 1_000_000, "the reader never read the file");
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let reads = reader.join().unwrap();
-        assert!(reads > 0, "the reader never saw the file");
+        reader.join().unwrap();
     }
 }

@@ -1,25 +1,20 @@
-//! The end-to-end tests' fake cluster (`tests/suite/fake`: an API server on 127.0.0.1 and a
-//! test kubelet running each Pod as a container on the local Docker daemon) as a process of
-//! its own, for suites that run the `airlock` binary against it for a while: the
-//! conformance suite's `kube` backend, started by `scripts/ci/kube.sh`.
+//! The end-to-end tests' fake cluster (`airlock_testkit::fake_cluster`: an API server on
+//! 127.0.0.1 and a test kubelet running each Pod as a container on the local Docker daemon)
+//! as a process of its own, for suites that run the `airlock` binary against it for a
+//! while: the conformance suite's `kube` backend, started by `scripts/ci/kube.sh`.
 //!
 //! `fake_cluster KUBECONFIG` starts the cluster, writes a kubeconfig naming it to
 //! KUBECONFIG, prints `ready http://127.0.0.1:PORT` on stdout, and runs until SIGTERM or
 //! SIGINT; then it removes every container its kubelet created (and only those: they carry
 //! its instance label) and exits. Needs root (the kubelet writes Pod volumes under /run).
 //! The Docker socket is `$AIRLOCK_DOCKER_SOCKET`, else /var/run/docker.sock.
-//!
-//! The same source as the tests' (`#[path]`), so the two never drift apart.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-#[path = "../tests/suite/fake/mod.rs"]
-#[allow(dead_code)] // the tests use more of it than this process does
-mod fake;
 
 use std::io::Write;
 use std::path::PathBuf;
 
+use airlock_testkit::fake_cluster as fake;
 use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]
@@ -50,7 +45,7 @@ async fn main() -> std::process::ExitCode {
     // A Pod deleted while its kubelet task still waited for the daemon has volumes left.
     let ever = cluster.state.pods_ever();
     drop(cluster);
-    let docker = airlock_docker::cleanup::connect(&socket).expect("docker client");
+    let docker = fake::kubelet::connect(&socket).expect("docker client");
     let mut removed = 0;
     // Until none is left: a Pod's task may have had a create request in flight, and the
     // daemon may take a while to kill a container of many processes.

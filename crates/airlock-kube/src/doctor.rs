@@ -15,8 +15,8 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 
-use crate::backend::{check_degraded, weaker_controls};
 use crate::error::status_code;
+use crate::host_checks::{check_degraded, weaker_controls};
 use crate::install::POD_SECURITY_LEVEL;
 
 fn check(control: &str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
@@ -45,7 +45,7 @@ const INSTALL_FIX: &str =
 /// `airlock doctor --backend kube`); a configuration that reaches no cluster is one missing
 /// check.
 pub async fn diagnose(policy: &Policy) -> Vec<Check> {
-    match crate::backend::connect(&policy.kube).await {
+    match crate::launch::connect(&policy.kube).await {
         Ok(client) => doctor(policy, &client).await,
         Err(e) => vec![check(
             "configuration",

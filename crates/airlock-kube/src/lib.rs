@@ -13,12 +13,18 @@
 pub mod backend;
 pub mod doctor;
 pub mod error;
+pub mod host_checks;
 pub mod install;
-pub mod janitor;
+pub mod launch;
 pub mod pod;
+pub mod provider;
 pub mod pss;
 pub mod status;
+pub mod supervise;
+pub mod sweep;
+pub mod teardown;
 pub mod yaml;
 
 pub use backend::{KubeBackend, open};
 pub use error::KubeError;
+pub use provider::KubeProvider;

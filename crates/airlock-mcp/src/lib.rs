@@ -9,17 +9,23 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod resources;
+pub mod tasks;
 pub mod tool;
 
 use std::sync::Arc;
 
+use airlock_core::request::RunRequest;
 use airlock_core::units::format_duration;
 use airlock_core::{BoxFuture, ErrorKind, JobRequest, JobResult, Observation, Policy};
 use airlock_engine::Engine;
 use airlock_engine::sessions::{SessionCall, SessionError, SessionInfo, SessionRunResult};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+    ContentBlock, ErrorCode, GetTaskParams, GetTaskResult, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig, Tool, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -28,7 +34,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 pub use error::McpError;
-pub use tool::{RunCodeFile, RunCodeParams, TOOL_NAME};
+pub use resources::OutResources;
+pub use tasks::TaskStore;
+pub use tool::{RunCodeArguments, TOOL_NAME};
 
 /// The tenant a request was authenticated as. The HTTP server puts it in the request's
 /// extensions; the tool reads it from there (it never sees the token).
@@ -39,6 +47,14 @@ pub struct AuthenticatedTenant(pub String);
 pub trait Executor: Send + Sync + 'static {
     /// The policy jobs of `tenant` run under (for the tool's description and schema).
     fn policy(&self, tenant: Option<&str>) -> Arc<Policy>;
+
+    /// Whether this executor keeps sessions (`airlock serve`'s does; `airlock mcp` on
+    /// stdio keeps none). Where it does not, the session tools and `run_code`'s `session`
+    /// are not offered, whatever the policy says: a model is not offered what would be
+    /// refused.
+    fn keeps_sessions(&self) -> bool {
+        false
+    }
 
     /// Runs one job and returns its result: the observation (an `error` observation when
     /// it could not run, including when the executor is busy or shutting down) and the
@@ -163,7 +179,7 @@ pub fn tool_for(policy: &Policy) -> Tool {
     };
     Tool::new(
         TOOL_NAME,
-        tool::description(policy),
+        tool::mcp_description(policy),
         tool::input_schema(policy),
     )
     .with_raw_output_schema(Arc::new(output_schema))
@@ -177,10 +193,16 @@ pub fn client_timeout(policy: &Policy) -> std::time::Duration {
     policy.limits.timeout + tool::CALL_SETUP_ALLOWANCE
 }
 
+/// How long a client may cache `tools/list`: the tools change only with the policy, which
+/// changes only when the server restarts with another.
+pub const TOOLS_LIST_TTL_MS: u64 = 5 * 60 * 1000;
+
 /// The MCP server: a handler with one tool.
 #[derive(Clone)]
 pub struct RunCodeServer {
     executor: Arc<dyn Executor>,
+    resources: Arc<OutResources>,
+    tasks: Arc<TaskStore>,
 }
 
 impl std::fmt::Debug for RunCodeServer {
@@ -190,50 +212,170 @@ impl std::fmt::Debug for RunCodeServer {
 }
 
 impl RunCodeServer {
-    /// A server whose tool runs jobs on `executor`.
+    /// A server whose tool runs jobs on `executor`, with a store of its own for the jobs'
+    /// `/out` files.
     pub fn new(executor: Arc<dyn Executor>) -> Self {
-        Self { executor }
+        Self::with_resources(executor, Arc::default())
+    }
+
+    /// A server whose jobs' `/out` files are kept in `resources`, which the servers of
+    /// every MCP session of one endpoint share (a file is read back on a later request,
+    /// not necessarily in the same session).
+    pub fn with_resources(executor: Arc<dyn Executor>, resources: Arc<OutResources>) -> Self {
+        Self::with_stores(executor, resources, Arc::default())
+    }
+
+    /// A server whose jobs' `/out` files are kept in `resources` and whose tasks in
+    /// `tasks`, both shared by every MCP session of one endpoint (a task is polled on
+    /// later requests, in another session or statelessly).
+    pub fn with_stores(
+        executor: Arc<dyn Executor>,
+        resources: Arc<OutResources>,
+        tasks: Arc<TaskStore>,
+    ) -> Self {
+        Self {
+            executor,
+            resources,
+            tasks,
+        }
+    }
+
+    /// Runs one `run_code` call of a client that speaks the tasks extension: the job
+    /// runs in a task of its own; if it ends within `[mcp] task_after` the result is the
+    /// answer, else a task the client polls with `tasks/get` (and stops with
+    /// `tasks/cancel`, which kills the job). A caller at its `tasks_per_tenant` bound is
+    /// refused with an error observation before anything runs.
+    pub async fn call_as_task(
+        &self,
+        arguments: Option<Value>,
+        tenant: Option<String>,
+        caller: airlock_telemetry::Caller,
+        gone: CancellationToken,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let policy = self.executor.policy(tenant.as_deref());
+        let reservation =
+            match self
+                .tasks
+                .reserve(tenant.as_deref(), &policy.mcp, client_timeout(&policy))
+            {
+                Ok(reservation) => reservation,
+                Err(refusal) => {
+                    return Ok(observation_result(&airlock_engine::early_error(
+                        ErrorKind::PolicyDenied,
+                        refusal.to_string(),
+                        &policy.version,
+                    ))
+                    .into());
+                }
+            };
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let server = self.clone();
+        let id = reservation.id.clone();
+        let cancel = reservation.cancel.clone();
+        // Not tied to this request: the job outlives the answer when it becomes a task.
+        // Dropping `server.call` (on `tasks/cancel` or when the store closes) kills it.
+        tokio::spawn(airlock_telemetry::with_caller(caller, async move {
+            tokio::select! {
+                result = server.call(arguments, tenant) => server.tasks.complete(&id, &result),
+                () = cancel.cancelled() => {
+                    tracing::info!(task = %id, "run_code task cancelled: its job was killed");
+                }
+            }
+            let _ = done.send(());
+        }));
+        // A zero `task_after` means always a task, even for a job that ends at once.
+        let direct = !policy.mcp.task_after.is_zero();
+        if direct {
+            tokio::select! {
+                _ = tokio::time::timeout(policy.mcp.task_after, finished) => {}
+                () = gone.cancelled() => {
+                    self.tasks.withdraw(&reservation.id);
+                    return Err(ErrorData::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        "the call was cancelled; its job was killed",
+                        None,
+                    ));
+                }
+            }
+        }
+        match self.tasks.publish(&reservation.id, direct) {
+            Some(tasks::Publication::Finished(result)) => Ok(result.into()),
+            Some(tasks::Publication::Task(task)) => Ok(CallToolResponse::Task(task)),
+            None => Err(ErrorData::internal_error(
+                "the call's task vanished before it was answered",
+                None,
+            )),
+        }
+    }
+
+    /// The tools as `tools/list` shows them to `tenant`, always in the same order.
+    pub fn tools(&self, tenant: Option<&str>) -> Vec<Tool> {
+        let mut tools = vec![self.tool(tenant)];
+        tools.extend(session_tools(&self.offered_policy(tenant)));
+        tools
+    }
+
+    /// The policy as the tools offer it to `tenant`: sessions off where the executor
+    /// keeps none.
+    fn offered_policy(&self, tenant: Option<&str>) -> Arc<Policy> {
+        let policy = self.executor.policy(tenant);
+        if policy.sessions.enabled && !self.executor.keeps_sessions() {
+            let mut offered = (*policy).clone();
+            offered.sessions.enabled = false;
+            return Arc::new(offered);
+        }
+        policy
     }
 
     /// The tool as `tools/list` shows it to `tenant`.
     pub fn tool(&self, tenant: Option<&str>) -> Tool {
-        tool_for(&self.executor.policy(tenant))
+        tool_for(&self.offered_policy(tenant))
     }
 
     /// Runs one call's arguments as a job and shapes the result; with `return_files`, the
     /// files released from `/out` come back inline within the policy's cap.
     pub async fn call(&self, arguments: Option<Value>, tenant: Option<String>) -> CallToolResult {
-        let policy = self.executor.policy(tenant.as_deref());
-        let params: Result<RunCodeParams, _> =
-            serde_json::from_value(arguments.unwrap_or(Value::Object(Default::default())));
-        let (request, return_files) = match params {
-            Ok(params) if params.session.is_some() => {
-                return self.call_in_session(params, tenant, &policy).await;
+        let policy = self.offered_policy(tenant.as_deref());
+        let (request, return_files) = match RunCodeArguments::parse(arguments, &policy) {
+            Ok(RunCodeArguments {
+                request,
+                session: Some(session),
+            }) => {
+                return self
+                    .call_in_session(request, session, tenant, &policy)
+                    .await;
             }
-            Ok(params) => {
-                let return_files = params.return_files;
-                (params.into_request(&policy), return_files)
+            Ok(RunCodeArguments { request, .. }) => {
+                let return_files = request.return_files;
+                (request.into_job(&policy), return_files)
             }
-            Err(e) => (
-                Err((ErrorKind::InvalidInput, format!("arguments: {e}"))),
-                false,
-            ),
+            Err(e) => (Err(e), false),
         };
         let mut result = match request {
-            Ok(request) => self.executor.run(request, tenant).await,
-            Err((kind, message)) => {
-                observation_only(airlock_engine::early_error(kind, message, &policy.version))
-            }
+            Ok(request) => self.executor.run(request, tenant.clone()).await,
+            Err(e) => observation_only(airlock_engine::early_error(
+                ErrorKind::InvalidInput,
+                format!("arguments: {e}"),
+                &policy.version,
+            )),
         };
-        if return_files {
-            result.inline_files(policy.filesystem.out.inline_bytes.as_u64());
+        if !return_files {
+            return observation_result(&result.observation);
         }
-        observation_result(&result.observation)
+        result.inline_files(policy.filesystem.out.mcp_inline_bytes.as_u64());
+        let links = self.resources.keep(
+            tenant.as_deref(),
+            &result.observation.job_id,
+            &result.observation.files,
+            &result.files,
+        );
+        files_result(&result.observation, &links)
     }
 
     async fn call_in_session(
         &self,
-        params: RunCodeParams,
+        request: RunRequest,
+        id: String,
         tenant: Option<String>,
         policy: &Policy,
     ) -> CallToolResult {
@@ -244,25 +386,27 @@ impl RunCodeServer {
                 &policy.version,
             ))
         };
-        if !params.files.is_empty() || params.return_files {
+        if !request.files.is_empty() || request.return_files {
             return refuse(
-                "files and return_files do not apply to a session call: the session's /work keeps the files the code writes",
+                "arguments: files and return_files do not apply to a session call: the session's /work keeps the files the code writes",
             );
         }
-        let timeout = match params
+        let timeout = match request
             .timeout_s
-            .map(|s| tool::seconds("timeout_s", s))
+            .map(|s| airlock_core::request::seconds("timeout_s", s))
             .transpose()
         {
             Ok(t) => t,
-            Err((_, message)) => return refuse(&message),
+            Err(e) => return refuse(&format!("arguments: {e}")),
         };
-        let id = params.session.unwrap_or_default();
+        let Some(code) = request.code else {
+            return refuse("arguments: code: missing");
+        };
         let call = SessionCall {
-            code: params.code,
-            language: params.language,
+            code,
+            language: request.language,
             timeout,
-            html: false,
+            ..SessionCall::default()
         };
         match self.executor.session_run(tenant, id, call).await {
             Err(e) => session_error_result(&e, policy),
@@ -307,7 +451,7 @@ impl RunCodeServer {
         arguments: Option<Value>,
         tenant: Option<String>,
     ) -> CallToolResult {
-        let policy = self.executor.policy(tenant.as_deref());
+        let policy = self.offered_policy(tenant.as_deref());
         let arguments = arguments.unwrap_or(Value::Object(Default::default()));
         let bad = |message: String| {
             observation_result(&airlock_engine::early_error(
@@ -373,7 +517,77 @@ pub fn observation_result(observation: &Observation) -> CallToolResult {
     }
 }
 
+/// Media types a client shows as pictures: a small one comes back as an image block.
+const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// The tool result of a job that released files: [`observation_result`], with each file
+/// inlined within the MCP budget moved out of the JSON into an image block when it is a
+/// picture, and each kept file not inlined (`links`, in `files[]`'s order) as a
+/// `resource_link`.
+pub fn files_result(observation: &Observation, links: &[Option<String>]) -> CallToolResult {
+    let mut result = observation_result(observation);
+    let mut blocks = Vec::new();
+    if let Some(files) = result
+        .structured_content
+        .as_mut()
+        .and_then(|v| v.get_mut("files"))
+        .and_then(Value::as_array_mut)
+    {
+        for file in files.iter_mut() {
+            let image = file["media_type"]
+                .as_str()
+                .filter(|t| IMAGE_TYPES.contains(t))
+                .map(str::to_owned);
+            if let Some(media_type) = image
+                && let Some(Value::String(data)) = file
+                    .as_object_mut()
+                    .and_then(|f| f.remove("content_base64"))
+            {
+                blocks.push(ContentBlock::image(data, media_type));
+            }
+        }
+    }
+    // The text block is the JSON as the model reads it: without the pictures' base64,
+    // which the image blocks carry.
+    if !blocks.is_empty()
+        && let Some(value) = &result.structured_content
+    {
+        result.content = vec![ContentBlock::text(value.to_string())];
+    }
+    // A link block only for a file the result does not carry: frameworks that flatten a
+    // result's blocks into one string (the Agents SDK, CrewAI) then still hand the model
+    // the observation JSON alone whenever every file fit. Every kept file, linked or not,
+    // reads back at its URI (the template, `job_id` and `path`).
+    for (file, link) in observation.files.iter().zip(links) {
+        if file.content_base64.is_some() {
+            continue;
+        }
+        if let Some(uri) = link {
+            blocks.push(ContentBlock::resource_link(
+                Resource::new(uri.clone(), file.path.clone())
+                    .with_mime_type(file.media_type.clone())
+                    .with_size(file.bytes),
+            ));
+        }
+    }
+    result.content.extend(blocks);
+    result
+}
+
 /// The tenant of an MCP request that came over HTTP, if the server authenticated one.
+/// The caller's W3C trace context from the request's `_meta` (`traceparent`,
+/// `tracestate`, `baggage`, as MCP carries them) and the request id as the tool call id.
+fn caller_of(context: &RequestContext<RoleServer>) -> airlock_telemetry::Caller {
+    airlock_telemetry::Caller::from_carrier(|key| {
+        context
+            .meta
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    })
+    .with_tool_call_id(Some(context.id.to_string()))
+}
+
 fn tenant_of(context: &RequestContext<RoleServer>) -> Option<String> {
     context
         .extensions
@@ -384,22 +598,33 @@ fn tenant_of(context: &RequestContext<RoleServer>) -> Option<String> {
 
 impl ServerHandler for RunCodeServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
-            .with_instructions({
-                let policy = self.executor.policy(None);
-                format!(
-                    "airlock runs code in a disposable, hardened sandbox. Call run_code with \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
+        .with_instructions({
+            let policy = self.executor.policy(None);
+            format!(
+                "airlock runs code in a disposable, hardened sandbox. Call run_code with \
                      the complete program (language defaults to {language}); read stdout, \
-                     stderr and outcome from the JSON result. Set return_files to get files \
-                     written under /out back inline. A call takes up to the wall-time limit \
+                     stderr and outcome from the JSON result. Set return_files to get the files \
+                     written under /out back: small ones inline, larger ones as resource \
+                     links (read them with resources/read). A call takes up to the wall-time limit \
                      plus sandbox setup: set the client's request timeout to at least \
                      {timeout} (the OpenAI Agents SDK's client_session_timeout_seconds \
-                     defaults to 5 s, too short). A cancelled call kills its job.",
-                    language = policy.default_language(),
-                    timeout = format_duration(client_timeout(&policy)),
-                )
-            })
+                     defaults to 5 s, too short). A cancelled call kills its job. A client \
+                     that declares the io.modelcontextprotocol/tasks extension gets a task \
+                     instead when the job runs past {task_after}: poll tasks/get for the \
+                     result; tasks/cancel kills the job.",
+                language = policy.default_language(),
+                timeout = format_duration(client_timeout(&policy)),
+                task_after = format_duration(policy.mcp.task_after),
+            )
+        })
     }
 
     async fn list_tools(
@@ -408,18 +633,132 @@ impl ServerHandler for RunCodeServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let tenant = tenant_of(&context);
-        let mut tools = vec![self.tool(tenant.as_deref())];
-        tools.extend(session_tools(&self.executor.policy(tenant.as_deref())));
-        Ok(ListToolsResult::with_all_items(tools))
+        // The tools depend on the tenant's policy: cached by this client only.
+        Ok(
+            ListToolsResult::with_all_items(self.tools(tenant.as_deref()))
+                .with_ttl_ms(TOOLS_LIST_TTL_MS)
+                .with_cache_scope(CacheScope::Private),
+        )
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let tenant = tenant_of(&context);
+        let resources = self
+            .resources
+            .list(tenant.as_deref())
+            .into_iter()
+            .map(|r| {
+                let name = r.uri.rsplit_once("/out/").map_or("", |(_, p)| p).to_owned();
+                Resource::new(r.uri.clone(), name)
+                    .with_mime_type(r.media_type.clone())
+                    .with_size(r.content.len() as u64)
+            })
+            .collect();
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            ResourceTemplate::new(resources::URI_TEMPLATE, "job output file").with_description(
+                format!(
+                    "A file a run_code job with return_files wrote to /out, readable by the \
+                     caller that ran the job for {} after it ended.",
+                    format_duration(resources::OUT_RESOURCE_TTL)
+                ),
+            ),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        use base64::Engine as _;
+        let tenant = tenant_of(&context);
+        let Some(file) = self.resources.read(tenant.as_deref(), &request.uri) else {
+            return Err(ErrorData::resource_not_found(
+                format!(
+                    "no such resource {:?}: job files are readable only by the caller that \
+                     ran the job, for {} after it ended",
+                    request.uri,
+                    format_duration(resources::OUT_RESOURCE_TTL)
+                ),
+                None,
+            ));
+        };
+        let textual = file.media_type.starts_with("text/") || file.media_type == "application/json";
+        let contents = match String::from_utf8(file.content) {
+            Ok(text) if textual => ResourceContents::text(text, file.uri),
+            Ok(text) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(text.as_bytes()),
+                file.uri,
+            ),
+            Err(bytes) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(bytes.as_bytes()),
+                file.uri,
+            ),
+        }
+        .with_mime_type(file.media_type);
+        Ok(ReadResourceResult::new(vec![contents]).into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         if name == TOOL_NAME {
             return Some(self.tool(None));
         }
-        session_tools(&self.executor.policy(None))
+        session_tools(&self.offered_policy(None))
             .into_iter()
             .find(|t| t.name == name)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let tenant = tenant_of(&context);
+        self.tasks
+            .get(tenant.as_deref(), &request.task_id)
+            .map(GetTaskResult::new)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let tenant = tenant_of(&context);
+        self.tasks
+            .cancel(tenant.as_deref(), &request.task_id)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        // No run_code task asks for input: every response is for a key that is not
+        // outstanding, which the extension says to ignore; an unknown task is an error.
+        let tenant = tenant_of(&context);
+        if self.tasks.exists(tenant.as_deref(), &request.task_id) {
+            Ok(())
+        } else {
+            Err(ErrorData::invalid_params(
+                tasks::TaskError::NotFound(request.task_id).to_string(),
+                None,
+            ))
+        }
     }
 
     async fn call_tool(
@@ -449,16 +788,32 @@ impl ServerHandler for RunCodeServer {
             ));
         }
         let tenant = tenant_of(&context);
+        let caller = caller_of(&context);
+        if context
+            .client_capabilities()
+            .is_some_and(|capabilities| capabilities.supports_tasks())
+        {
+            return self
+                .call_as_task(
+                    request.arguments.map(Value::Object),
+                    tenant,
+                    caller,
+                    context.ct.clone(),
+                )
+                .await;
+        }
         // rmcp cancels `context.ct` on `notifications/cancelled`, when a streamable-HTTP
         // client disconnects, and when the session ends; it does not drop the handler, so
         // the call is raced against it here.
-        match self
-            .call_until(
+        match airlock_telemetry::with_caller(
+            caller,
+            self.call_until(
                 request.arguments.map(Value::Object),
                 tenant,
                 context.ct.cancelled(),
-            )
-            .await
+            ),
+        )
+        .await
         {
             Some(result) => Ok(result.into()),
             None => {
@@ -498,7 +853,9 @@ where
         inner: input,
         ended: session.clone(),
     };
-    let service = RunCodeServer::new(executor)
+    // The client's tasks die with it: nobody is left to poll them.
+    let tasks = Arc::new(TaskStore::new(session.clone()));
+    let service = RunCodeServer::with_stores(executor, Arc::default(), tasks)
         .serve_with_ct((input, output), session)
         .await
         .map_err(|e| McpError::StartSession(Box::new(e)))?;
@@ -612,7 +969,7 @@ impl Executor for EngineExecutor {
             let (_alive, gone) = tokio::sync::oneshot::channel::<()>();
             let engine = self.engine.clone();
             let shutdown = self.interrupt.clone();
-            let task = tokio::spawn(async move {
+            let task = tokio::spawn(airlock_telemetry::carry(async move {
                 let interrupt = async move {
                     tokio::select! {
                         reason = interrupted(shutdown) => reason,
@@ -627,7 +984,7 @@ impl Executor for EngineExecutor {
                     drop(permit);
                 });
                 result
-            });
+            }));
             match task.await {
                 Ok(result) => result,
                 Err(e) => observation_only(airlock_engine::early_error(
@@ -649,7 +1006,7 @@ mod tests {
 
     /// Keywords that only annotate. Any other keyword the validator below does not
     /// implement fails the check, so it cannot pass a schema it does not understand.
-    const ANNOTATIONS: &[&str] = &["description", "title", "format"];
+    const ANNOTATIONS: &[&str] = &["description", "title", "format", "default"];
 
     /// Errors of `value` against `schema` (the subset of JSON Schema 2020-12 the
     /// observation's schema is written in).
@@ -764,6 +1121,8 @@ mod tests {
             bytes_up: 10,
             bytes_down: 20,
             limit_hit: None,
+            secrets_substituted: 0,
+            secrets_scrubbed: 0,
         });
         o
     }

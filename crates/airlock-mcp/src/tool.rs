@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use airlock_core::Policy;
+use airlock_core::request::{RequestError, RunRequest, TOOL_DOOR};
 use airlock_core::units::format_duration;
-use airlock_core::{ErrorKind, InputFile, JobRequest, LimitsRequest, Policy};
-use base64::Engine as _;
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// The tool's name.
@@ -18,142 +18,75 @@ pub const TOOL_NAME: &str = "run_code";
 /// wall time plus this before giving up.
 pub const CALL_SETUP_ALLOWANCE: Duration = Duration::from_secs(30);
 
-/// The arguments of a `run_code` call. `null` for any optional argument means absent
-/// (strict-mode models and CrewAI send every property).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "run_code arguments")]
-pub struct RunCodeParams {
-    /// The program's complete source code (UTF-8). Its stdout and stderr are returned.
-    pub code: String,
-    /// The language of `code`; the policy's default language (python) when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub language: Option<String>,
-    /// Input files, placed under /work (the program's working directory) before it starts.
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "airlock_core::schema::null_as_default"
-    )]
-    #[schemars(with = "Vec<RunCodeFile>")]
-    pub files: Vec<RunCodeFile>,
-    /// Wall-time limit in seconds; the default and the maximum are the policy's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.01))]
-    pub timeout_s: Option<f64>,
-    /// Return the files the program writes under /out, with their content (base64) up to
-    /// the policy's inline cap; larger ones are listed without content.
-    #[serde(
-        default,
-        skip_serializing_if = "std::ops::Not::not",
-        deserialize_with = "airlock_core::schema::null_as_default"
-    )]
-    #[schemars(with = "bool")]
-    pub return_files: bool,
+/// MCP's own argument beside the run request's: the session a call runs in. Offered only
+/// where the policy enables sessions.
+pub const SESSION_ARGUMENT: &str = "session";
+/// The longest tool description OpenAI's function calling and LlamaIndex's
+/// `to_openai_tool()` take; the built-in policy's descriptions stay within it.
+pub const DESCRIPTION_BUDGET: usize = 1024;
+
+/// The schema of `session`, MCP's own argument.
+#[derive(JsonSchema)]
+#[allow(dead_code)] // only its schema is used
+struct SessionArgument {
     /// A session id from `session_start`: the code runs in that session (its files, and in
     /// a kernel session its Python variables, persist between calls). Absent: a fresh
     /// sandbox that keeps nothing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
+}
+
+/// A `run_code` call's arguments: the run request, as the tool door offers it, and the
+/// session it names, if any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunCodeArguments {
+    /// The request.
+    pub request: RunRequest,
+    /// The session the call runs in (`None`: a fresh sandbox).
     pub session: Option<String>,
 }
 
-/// An input file of a `run_code` call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunCodeFile {
-    /// Path relative to /work, e.g. `data/input.csv` (no `..`, not absolute).
-    pub path: String,
-    /// The file's content as UTF-8 text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<String>,
-    /// The file's content as base64, for binary files (instead of `content`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content_base64: Option<String>,
-}
-
-/// A request that cannot become a job: the kind and message of the error observation.
-pub type ParamsError = (ErrorKind, String);
-
-/// Decodes one input file (`content` or `content_base64`, exactly one of them).
-pub fn decode_file(
-    field: &str,
-    path: String,
-    content: Option<String>,
-    content_base64: Option<String>,
-) -> Result<InputFile, ParamsError> {
-    let content = match (content, content_base64) {
-        (Some(text), None) => text.into_bytes(),
-        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-            .decode(b64.trim())
-            .map_err(|e| {
-                (
-                    ErrorKind::InvalidInput,
-                    format!("{field}.content_base64: not base64: {e}"),
-                )
-            })?,
-        // Never an empty file in place of content that was lost on the way (a model
-        // sending nulls for both): an empty file is `"content": ""`.
-        (None, None) => {
-            return Err((
-                ErrorKind::InvalidInput,
-                format!(
-                    "{field}: give content or content_base64 (\"content\": \"\" for an empty file)"
-                ),
-            ));
-        }
-        (Some(_), Some(_)) => {
-            return Err((
-                ErrorKind::InvalidInput,
-                format!("{field}: give content or content_base64, not both"),
-            ));
-        }
-    };
-    Ok(InputFile {
-        path,
-        content,
-        executable: false,
-    })
-}
-
-/// Seconds as a [`Duration`]: finite and positive, else an `invalid_input` error. A value
-/// too large for a `Duration` saturates, so the policy's ceiling check denies it.
-pub fn seconds(field: &str, value: f64) -> Result<Duration, ParamsError> {
-    if !value.is_finite() || value <= 0.0 {
-        return Err((
-            ErrorKind::InvalidInput,
-            format!("{field}: {value} is not a positive number of seconds"),
-        ));
+impl RunCodeArguments {
+    /// Reads a call's arguments under `policy`: `session` only where sessions are on, every
+    /// other field as [`TOOL_DOOR`] offers it; errors name the field.
+    pub fn parse(arguments: Option<Value>, policy: &Policy) -> Result<Self, RequestError> {
+        let mut object = match arguments {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(object)) => object,
+            Some(other) => {
+                return Err(RequestError(format!(
+                    "arguments: expected an object, got {}",
+                    json_type(&other)
+                )));
+            }
+        };
+        let (session, extra): (_, &[&str]) = if policy.sessions.enabled {
+            let session = match object.remove(SESSION_ARGUMENT) {
+                None | Some(Value::Null) => None,
+                Some(Value::String(id)) => Some(id),
+                Some(other) => {
+                    return Err(RequestError(format!(
+                        "session: expected a session id (a string), got {}",
+                        json_type(&other)
+                    )));
+                }
+            };
+            (session, &[SESSION_ARGUMENT])
+        } else {
+            (None, &[])
+        };
+        let request = RunRequest::from_door(&TOOL_DOOR, object, extra)?;
+        Ok(Self { request, session })
     }
-    Ok(Duration::try_from_secs_f64(value).unwrap_or(Duration::MAX))
 }
 
-impl RunCodeParams {
-    /// The job these arguments ask for under `policy` (which gives the default language).
-    /// `return_files` asks for `/out`; inlining its files is the caller's part.
-    pub fn into_request(self, policy: &Policy) -> Result<JobRequest, ParamsError> {
-        let files = self
-            .files
-            .into_iter()
-            .enumerate()
-            .map(|(i, f)| decode_file(&format!("files[{i}]"), f.path, f.content, f.content_base64))
-            .collect::<Result<Vec<_>, _>>()?;
-        let timeout = self
-            .timeout_s
-            .map(|s| seconds("timeout_s", s))
-            .transpose()?;
-        Ok(JobRequest {
-            language: self
-                .language
-                .unwrap_or_else(|| policy.default_language().to_owned()),
-            source: self.code.into_bytes(),
-            files,
-            limits: LimitsRequest {
-                timeout,
-                ..LimitsRequest::default()
-            },
-            out: self.return_files,
-            ..JobRequest::default()
-        })
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -186,10 +119,11 @@ impl std::str::FromStr for ToolSchemaFormat {
 
 /// The arguments' schema from the type, with `language` narrowed to the policy's languages
 /// and `timeout_s` to its ceiling; references and `$schema` still in.
-fn params_schema(policy: &Policy) -> Value {
-    let mut value = airlock_core::schema::generator("/$defs")
-        .into_root_schema_for::<RunCodeParams>()
-        .to_value();
+/// `with_session`: offer MCP's own `session` argument (where the policy enables sessions).
+/// A function-calling host sends a call to `POST /v1/runs`, which runs fresh jobs only,
+/// so its schema never offers it: a model is not offered what would be refused.
+fn params_schema(policy: &Policy, with_session: bool) -> Value {
+    let mut value = RunRequest::schema_for(&TOOL_DOOR);
     if let Some(language) = value.pointer_mut("/properties/language")
         && let Some(object) = language.as_object_mut()
     {
@@ -213,12 +147,18 @@ fn params_schema(policy: &Policy) -> Value {
         );
     }
     // `session` only where sessions exist: a model is not offered what would be refused.
-    if !policy.sessions.enabled
+    if with_session
+        && policy.sessions.enabled
         && let Some(properties) = value
             .pointer_mut("/properties")
             .and_then(Value::as_object_mut)
     {
-        properties.remove("session");
+        let session = airlock_core::schema::generator("/$defs")
+            .into_root_schema_for::<SessionArgument>()
+            .to_value();
+        if let Some(schema) = session.pointer("/properties/session") {
+            properties.insert(SESSION_ARGUMENT.to_owned(), schema.clone());
+        }
     }
     value
 }
@@ -226,28 +166,50 @@ fn params_schema(policy: &Policy) -> Value {
 /// MCP's `inputSchema`: no references, objects closed, optional arguments nullable and
 /// not required (only `code` is).
 pub fn input_schema(policy: &Policy) -> Map<String, Value> {
-    match airlock_core::schema::closed(&params_schema(policy)) {
+    match airlock_core::schema::closed(&params_schema(policy, true)) {
         Value::Object(map) => map,
         _ => Map::new(),
     }
 }
 
 /// The strict parameters schema for function calling: every argument required, optional
-/// ones nullable, no references, objects closed.
+/// ones nullable, no references, objects closed; no `session` (the host's calls go to
+/// `POST /v1/runs`, which runs fresh jobs; sessions have their own API).
 pub fn strict_input_schema(policy: &Policy) -> Value {
-    airlock_core::schema::strict(&params_schema(policy))
+    airlock_core::schema::strict(&params_schema(policy, false))
 }
 
-/// What the model is told about the tool: the limits of `policy`, the network, files and
-/// how output comes back.
+/// What the model is told about the tool where files come back inline (the HTTP API's
+/// tool schema): the limits of `policy`, the network, files and how output comes back.
 pub fn description(policy: &Policy) -> String {
+    let files = format!(
+        "regular files it writes there come back in files[] as content_base64 (up to {} in \
+         total; larger ones are listed without content).",
+        policy.filesystem.out.inline_bytes
+    );
+    describe(policy, &files)
+}
+
+/// What an MCP client's model is told: as [`description`], but files come back inline only
+/// up to `out.mcp_inline_bytes` and always as resource links.
+pub fn mcp_description(policy: &Policy) -> String {
+    let files = format!(
+        "files it writes there are listed in files[]; up to {} in total come back inline \
+         (pictures as images, others as content_base64), larger ones as resource links the \
+         client can read.",
+        policy.filesystem.out.mcp_inline_bytes
+    );
+    describe(policy, &files)
+}
+
+/// The description is kept under [`DESCRIPTION_BUDGET`] characters on the built-in policy:
+/// OpenAI's function calling and LlamaIndex's `to_openai_tool()` refuse longer ones.
+fn describe(policy: &Policy, files: &str) -> String {
     let limits = &policy.limits;
     let languages: Vec<&str> = policy.languages.keys().map(String::as_str).collect();
     let network = match policy.network.mode {
         airlock_core::policy::NetworkMode::None => {
-            "The network is off: no internet, no DNS, no package installs; use only what the \
-             interpreter ships with."
-                .to_owned()
+            "The network is off: no internet, DNS or package installs.".to_owned()
         }
         airlock_core::policy::NetworkMode::Proxy => format!(
             "The network is off except through an allowlisting proxy to: {}.",
@@ -255,20 +217,17 @@ pub fn description(policy: &Policy) -> String {
         ),
     };
     format!(
-        "Run a program in a fresh, disposable, isolated sandbox and get its result as JSON. \
-         Languages: {languages}. Each call starts from scratch: nothing persists between calls. \
-         Limits: {timeout} wall time (timeout_s may lower it), {memory} memory, {cpus} CPU, \
-         {pids} processes; the source may be at most {source}. {network} \
-         The program runs in /work (read-only unless the policy says otherwise) as an \
-         unprivileged user; files you pass are placed under /work; /tmp is a small writable \
-         tmpfs. With return_files true the program also gets a writable /out (at most \
-         {out_max}): regular files it writes there come back in files[] with their content \
-         as content_base64 (up to {inline} in total; larger ones are listed without \
-         content). Print what you want to see: the result has stdout (first {stdout} bytes) \
-         and stderr (first {stderr} bytes), *_truncated flags and byte counts, exit_code, and \
-         outcome (exited, timeout, oom, killed, output_limit, or error). ok is true only when \
-         the program exited with code 0. A call can take {call} (wall time plus setup); \
-         clients should wait at least that long.",
+        "Runs a program in a fresh, isolated sandbox; returns JSON. \
+         Languages: {languages}. Nothing persists between calls. Limits: {timeout} wall time \
+         (timeout_s may lower it), {memory} memory, {cpus} CPU, {pids} processes, {source} \
+         of source. {network} The program runs as an unprivileged user in /work (read-only \
+         unless the policy says otherwise), where files you pass are placed (Python can \
+         import them); /tmp is a small writable tmpfs. With return_files \
+         true it also gets a writable /out (at most {out_max}): {files} Print what you want \
+         to see: the result has stdout (first {stdout} bytes), stderr (first {stderr} \
+         bytes), *_truncated flags, byte counts, exit_code and outcome (exited, timeout, \
+         oom, killed, output_limit, error); ok is true only for exit code 0. A call can take \
+         {call} (wall time plus setup).",
         languages = languages.join(", "),
         timeout = format_duration(limits.timeout),
         memory = limits.memory,
@@ -278,7 +237,6 @@ pub fn description(policy: &Policy) -> String {
         stdout = limits.stdout.as_u64(),
         stderr = limits.stderr.as_u64(),
         out_max = policy.filesystem.out.max_bytes,
-        inline = policy.filesystem.out.inline_bytes,
         call = format_duration(limits.timeout + CALL_SETUP_ALLOWANCE),
     )
 }
@@ -311,74 +269,103 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
+    fn parse(arguments: Value, policy: &Policy) -> Result<RunCodeArguments, RequestError> {
+        RunCodeArguments::parse(Some(arguments), policy)
+    }
+
     #[test]
-    fn params_become_a_job() {
-        let params: RunCodeParams = serde_json::from_value(serde_json::json!({
-            "language": "python",
-            "code": "print(1)",
-            "files": [{"path": "a.txt", "content": "hi"}, {"path": "b.bin", "content_base64": "AAE="}],
-            "timeout_s": 1.5
-        }))
+    fn arguments_become_a_job() {
+        let arguments = parse(
+            serde_json::json!({
+                "language": "python",
+                "code": "print(1)",
+                "files": [{"path": "a.txt", "content": "hi"}, {"path": "b.bin", "content_base64": "AAE="}],
+                "timeout_s": 1.5
+            }),
+            &Policy::builtin(),
+        )
         .unwrap();
-        let request = params.into_request(&Policy::builtin()).unwrap();
+        assert_eq!(arguments.session, None);
+        let request = arguments.request.into_job(&Policy::builtin()).unwrap();
         assert_eq!(request.source, b"print(1)");
         assert_eq!(request.files[0].content, b"hi");
         assert_eq!(request.files[1].content, vec![0, 1]);
-        assert_eq!(request.limits.timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(
+            request.limits.timeout,
+            Some(std::time::Duration::from_millis(1500))
+        );
     }
 
     /// CrewAI sends `{"code":…,"files":null,"language":"python","timeout_s":null}`.
     #[test]
     fn null_means_absent() {
-        let params: RunCodeParams = serde_json::from_value(serde_json::json!({
-            "code": "print(1)", "files": null, "language": null, "timeout_s": null,
-            "return_files": null
-        }))
+        let mut policy = Policy::builtin();
+        policy.sessions.enabled = true;
+        let arguments = parse(
+            serde_json::json!({
+                "code": "print(1)", "files": null, "language": null, "timeout_s": null,
+                "return_files": null, "session": null
+            }),
+            &policy,
+        )
         .unwrap();
-        let request = params.into_request(&Policy::builtin()).unwrap();
+        assert_eq!(arguments.session, None);
+        let request = arguments.request.into_job(&policy).unwrap();
         assert!(request.files.is_empty());
         assert_eq!(request.limits.timeout, None);
         assert_eq!(request.language, "python");
         assert!(!request.out);
     }
 
+    /// Issue 30: with sessions off, an unknown field's error listed `session` as accepted;
+    /// a wrong type named no field.
     #[test]
-    fn a_file_without_content_is_refused_not_made_empty() {
-        let params: RunCodeParams = serde_json::from_value(serde_json::json!({
-            "code": "", "files": [{"path": "a.txt", "content": null, "content_base64": null}]
-        }))
-        .unwrap();
-        let (kind, message) = params.into_request(&Policy::builtin()).unwrap_err();
-        assert_eq!(kind, ErrorKind::InvalidInput);
-        assert!(message.contains("files[0]"), "{message}");
-    }
-
-    #[test]
-    fn return_files_asks_for_out() {
-        let params: RunCodeParams =
-            serde_json::from_value(serde_json::json!({"code": "", "return_files": true})).unwrap();
-        assert!(params.into_request(&Policy::builtin()).unwrap().out);
-    }
-
-    #[test]
-    fn unknown_fields_and_bad_timeouts_are_refused() {
-        assert!(
-            serde_json::from_value::<RunCodeParams>(
-                serde_json::json!({"language": "python", "code": "", "network": "on"})
-            )
-            .is_err()
-        );
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(seconds("timeout_s", bad).is_err(), "{bad}");
-        }
-        // Huge is not malformed: it is above the ceiling, which the policy denies.
-        assert_eq!(seconds("timeout_s", 1e300).unwrap(), Duration::MAX);
-        let params: RunCodeParams =
-            serde_json::from_value(serde_json::json!({"code": "", "timeout_s": 1e9})).unwrap();
-        let request = params.into_request(&Policy::builtin()).unwrap();
+    fn errors_name_the_field_and_offer_only_what_the_policy_has() {
+        let mut off = Policy::builtin();
+        off.sessions.enabled = false;
+        let error = parse(serde_json::json!({"code": "", "network": "on"}), &off).unwrap_err();
         assert_eq!(
-            request.resolve(&Policy::builtin()).unwrap_err().kind(),
-            ErrorKind::PolicyDenied
+            error.0,
+            "unknown field \"network\": run_code takes code, language, files, timeout_s, return_files"
+        );
+        let error = parse(serde_json::json!({"code": "", "session": "s"}), &off).unwrap_err();
+        assert!(error.0.starts_with("unknown field \"session\""), "{error}");
+        let mut on = Policy::builtin();
+        on.sessions.enabled = true;
+        let error = parse(serde_json::json!({"code": "", "network": "on"}), &on).unwrap_err();
+        assert!(error.0.ends_with("return_files, session"), "{error}");
+        let arguments = parse(serde_json::json!({"code": "1", "session": "s-1"}), &on).unwrap();
+        assert_eq!(arguments.session.as_deref(), Some("s-1"));
+        let error = parse(serde_json::json!({"code": 5}), &off).unwrap_err();
+        assert_eq!(
+            error.0,
+            "code: invalid type: integer `5`, expected a string"
+        );
+        let error = parse(serde_json::json!({"code": "", "session": 5}), &on).unwrap_err();
+        assert!(error.0.starts_with("session: expected"), "{error}");
+        let error = RunCodeArguments::parse(Some(serde_json::json!([1])), &off).unwrap_err();
+        assert_eq!(error.0, "arguments: expected an object, got an array");
+    }
+
+    #[test]
+    fn a_huge_timeout_is_the_policy_s_to_deny() {
+        let policy = Policy::builtin();
+        let arguments = parse(serde_json::json!({"code": "", "timeout_s": 1e9}), &policy).unwrap();
+        let request = arguments.request.into_job(&policy).unwrap();
+        assert_eq!(
+            request.resolve(&policy).unwrap_err().kind(),
+            airlock_core::ErrorKind::PolicyDenied
+        );
+    }
+
+    #[test]
+    fn the_tool_schema_offers_no_executable_bit_and_requires_only_code() {
+        let schema = Value::Object(input_schema(&Policy::builtin()));
+        assert_eq!(schema["required"], serde_json::json!(["code"]));
+        let file = &schema["properties"]["files"]["items"]["properties"];
+        assert!(
+            file["path"].is_object() && file["executable"].is_null(),
+            "{file}"
         );
     }
 
@@ -418,6 +405,18 @@ mod tests {
     }
 
     #[test]
+    fn the_builtin_descriptions_fit_the_function_calling_budget() {
+        let policy = Policy::builtin();
+        for text in [description(&policy), mcp_description(&policy)] {
+            assert!(
+                text.chars().count() <= DESCRIPTION_BUDGET,
+                "{} characters: {text}",
+                text.chars().count()
+            );
+        }
+    }
+
+    #[test]
     fn schemas_have_no_references_and_closed_objects() {
         let policy = Policy::builtin();
         for schema in [
@@ -437,7 +436,8 @@ mod tests {
 
     #[test]
     fn function_schemas_are_strict_in_both_shapes() {
-        let policy = Policy::builtin();
+        let mut policy = Policy::builtin();
+        policy.sessions.enabled = false;
         let chat = function_schema(&policy, ToolSchemaFormat::Chat);
         assert_eq!(chat["type"], "function");
         assert_eq!(chat["function"]["name"], "run_code");
@@ -455,9 +455,16 @@ mod tests {
         );
         let mut with_sessions = Policy::builtin();
         with_sessions.sessions.enabled = true;
+        // MCP offers its own `session` argument; a function-calling host's calls go to
+        // POST /v1/runs, which has none, so its schema never offers it.
         let offered = function_schema(&with_sessions, ToolSchemaFormat::Chat);
+        assert!(
+            offered["function"]["parameters"]["properties"]["session"].is_null(),
+            "{offered}"
+        );
+        let mcp = Value::Object(input_schema(&with_sessions));
         assert_eq!(
-            offered["function"]["parameters"]["properties"]["session"]["type"],
+            mcp["properties"]["session"]["type"],
             serde_json::json!(["string", "null"])
         );
         let responses = function_schema(&policy, ToolSchemaFormat::Responses);

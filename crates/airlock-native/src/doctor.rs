@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 
 use airlock_cgroup::{Hierarchy, ParentSpec, Presence};
-use airlock_core::doctor::{Check, DoctorReport};
+use airlock_core::doctor::Check;
 use airlock_core::policy::{CgroupParent, Policy, RootfsSpec};
 
 fn read_trimmed(path: &str) -> Option<String> {
@@ -13,8 +13,8 @@ fn read_trimmed(path: &str) -> Option<String> {
 }
 
 /// Checks everything that does not need to start a sandbox.
-pub fn diagnose(policy: &Policy) -> DoctorReport {
-    let mut report = DoctorReport::new("native");
+pub fn diagnose(policy: &Policy) -> Vec<Check> {
+    let mut report = Vec::new();
     let root = rustix::process::geteuid().is_root();
 
     let uname = rustix::system::uname();
@@ -50,7 +50,7 @@ pub fn diagnose(policy: &Policy) -> DoctorReport {
         report.push(check);
     }
 
-    match airlock_sys::seccomp::CompiledSeccomp::builtin() {
+    match airlock_seccomp::CompiledSeccomp::builtin() {
         Ok(_)
             if fs::read_to_string("/proc/self/status")
                 .is_ok_and(|s| s.lines().any(|l| l.starts_with("Seccomp:"))) =>
@@ -137,6 +137,25 @@ fn user_namespace_check(root: bool) -> Check {
         "user namespaces",
         format!("user.max_user_namespaces = {max}"),
     )
+}
+
+/// What makes job cgroups possible for a user who cannot create them, on the host's
+/// cgroup version (`None`: not known): delegation by systemd exists only on v2, while on v1
+/// root must make a group in each controller's hierarchy and hand it over.
+pub(crate) fn cgroup_fix(version: Option<airlock_cgroup::CgroupVersion>) -> String {
+    const DEGRADED: &str = "or accept rlimits instead with [native] allow_degraded = [\"cgroup\"]";
+    const V1: &str = "run as root; or, on this cgroup v1 host, have root create a group in \
+        each of the memory, pids, cpu and cpuacct hierarchies, chown it (and its cgroup.procs \
+        and tasks) to you, and name it with [native] cgroup_parent (systemd's Delegate=yes does \
+        not delegate v1 controllers)";
+    const V2: &str = "run as root, or inside a delegated cgroup v2 subtree \
+        (systemd-run --user --scope -p Delegate=yes airlock ...), or set [native] cgroup_parent \
+        to a delegated group";
+    match version {
+        Some(airlock_cgroup::CgroupVersion::V1) => format!("{V1}, {DEGRADED}"),
+        Some(airlock_cgroup::CgroupVersion::V2) => format!("{V2}, {DEGRADED}"),
+        None => format!("{V2}; {V1}; {DEGRADED}"),
+    }
 }
 
 fn cgroup_checks(policy: &Policy) -> Vec<Check> {
@@ -278,9 +297,7 @@ fn cgroup_checks(policy: &Policy) -> Vec<Check> {
             .explanation
             .clone()
             .unwrap_or_else(|| "airlock cannot create job cgroups".into());
-        let fix = "run as root, or inside a delegated cgroup v2 subtree \
-             (systemd-run --user --scope -p Delegate=yes airlock ...), or set [native] \
-             cgroup_parent, or accept rlimits instead with [native] allow_degraded = [\"cgroup\"]";
+        let fix = cgroup_fix(Some(r.version));
         if policy
             .native
             .allow_degraded
@@ -469,6 +486,19 @@ fn rootfs_checks(policy: &Policy) -> Vec<Check> {
     ));
     checks.extend(language_checks(policy, &root));
     checks.extend(host_root_check(policy));
+    if matches!(policy.filesystem.rootfs, RootfsSpec::Host) {
+        let cache = crate::minimal_root::cache_dir();
+        let (bytes, copies) = crate::minimal_root::cache_usage(&cache);
+        checks.push(Check::ok(
+            "root cache",
+            format!(
+                "{copies} prepared minimal root(s), {} MiB under {} (one per root shape, \
+                 plus any a running sandbox still mounts)",
+                bytes >> 20,
+                cache.join("roots").display()
+            ),
+        ));
+    }
     checks
 }
 

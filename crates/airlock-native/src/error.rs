@@ -39,7 +39,7 @@ pub enum NativeError {
     },
     /// Compiling the seccomp policy failed.
     #[error("seccomp policy")]
-    Seccomp(#[from] airlock_sys::seccomp::SeccompError),
+    Seccomp(#[from] airlock_seccomp::SeccompError),
     /// Starting the sandbox helper failed.
     #[error("start sandbox helper {path}")]
     SpawnHelper {

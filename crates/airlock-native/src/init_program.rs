@@ -1,13 +1,13 @@
-//! The program the sandbox helper executes: the sandbox init (`init::main`) built as its
-//! own small static executable (crates/airlock-init, by `build.rs`), carried inside the
+//! The program the sandbox helper executes: the sandbox init (`airlock_init::init::main`)
+//! built as its own small static executable (crates/airlock-init, by `build.rs`), carried inside the
 //! airlock binary and executed from a sealed memfd, so there is still one file to install.
 //!
 //! Why not the airlock binary itself, as before: it is about 30 MB, dynamically linked, with
 //! some 35,000 relocations to apply; executing it costs about 1.1 ms of CPU and 230 page
 //! faults more per job than the 1.3 MB static init here, and about 70 ms per job in the
 //! emulated cgroup v2 VM (docs/speed.md). The init is the same code either way (the
-//! small executable compiles `init.rs` and `plan.rs` of this crate), and so is everything
-//! it does.
+//! airlock-init crate, which both the small executable and this crate link), and so is
+//! everything it does.
 //!
 //! Where the kernel refuses to execute a memfd (`vm.memfd_noexec = 2` in airlock's own pid
 //! namespace, a security module's policy), the helper is the airlock binary with its hidden

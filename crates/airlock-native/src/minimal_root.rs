@@ -912,11 +912,25 @@ pub fn prepare(cache: &Path, spec: &MinimalRootSpec) -> Result<PreparedRoot, Nat
     })?;
     let collected = collect(spec, &data).map_err(io_err("walk the host for", Path::new("/")))?;
     let sources: Vec<SourceId> = collected.watched.values().cloned().collect();
-    let mut hash = Sha256::new();
-    hash.update(serde_json::to_vec(&sources).unwrap_or_default());
-    let name = format!("copy-{}", hex::encode(&hash.finalize()[..8]));
+    // Named by what it holds, not by the identity of the directories walked: a host whose
+    // `/etc` or `/usr/lib` changed time (a `useradd`, DHCP rewriting resolv.conf) but not
+    // one file the copy takes keeps its copy, with the new identities to check against.
+    let name = format!(
+        "copy-{}",
+        content_key(&collected).map_err(io_err("walk the host for", Path::new("/")))?
+    );
     let copy = dir.join(&name);
-    if load_copy(&copy).is_none() {
+    if let Some(existing) = load_copy(&copy) {
+        if existing.manifest.sources != sources {
+            let manifest = Manifest {
+                sources: sources.clone(),
+                ..existing.manifest
+            };
+            write_manifest(&copy, &manifest)?;
+            tracing::info!(copy = %copy.display(),
+                "the host's directories changed but not the files the minimal root holds; copy kept");
+        }
+    } else {
         let _ = fs::remove_dir_all(&copy);
         let tmp = dir.join(format!(
             ".tmp-{}-{}",
@@ -975,31 +989,187 @@ fn build_copy(c: &Collected, sources: Vec<SourceId>, tmp: &Path) -> Result<(), N
         bytes,
         sources,
     };
-    let text = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| io_err("write manifest of", tmp)(io::Error::other(e)))?;
-    fs::write(tmp.join("manifest.json"), text).map_err(io_err("write manifest of", tmp))?;
-    Ok(())
+    write_manifest(tmp, &manifest)
 }
 
-/// Removes copies other than `keep` older than [`OLD_COPY_MAX_AGE`] (a running job's
-/// overlay may still read from a recent one), and temporary directories left by a crash.
+/// Writes `copy`'s manifest whole (under a temporary name, renamed into place): a reader
+/// never sees half of one.
+fn write_manifest(copy: &Path, manifest: &Manifest) -> Result<(), NativeError> {
+    let text = serde_json::to_vec_pretty(manifest)
+        .map_err(|e| io_err("write manifest of", copy)(io::Error::other(e)))?;
+    let tmp = copy.join(".manifest.json.tmp");
+    fs::write(&tmp, text).map_err(io_err("write manifest of", copy))?;
+    fs::rename(&tmp, copy.join("manifest.json")).map_err(io_err("write manifest of", copy))
+}
+
+/// What a copy made from `c` holds, as a key: every entry's path and kind, a link's target,
+/// a file's identity on the host (inode, size, modification time), the synthesized `/etc`
+/// and [`FORMAT_VERSION`]; not the directories' times. A stat per file: a few milliseconds
+/// for a Python's standard library, paid only when a watched directory changed.
+fn content_key(c: &Collected) -> io::Result<String> {
+    let mut hash = Sha256::new();
+    hash.update(FORMAT_VERSION.to_le_bytes());
+    for (path, entry) in &c.entries {
+        hash.update(path.as_os_str().as_encoded_bytes());
+        match entry {
+            Entry::Dir => hash.update(b"\0d"),
+            Entry::Symlink(target) => {
+                hash.update(b"\0l");
+                hash.update(target.as_os_str().as_encoded_bytes());
+            }
+            Entry::File => {
+                let id = SourceId::of(path)?;
+                hash.update(b"\0f");
+                hash.update(id.ino.to_le_bytes());
+                hash.update(id.size.to_le_bytes());
+                hash.update(id.mtime_ns.to_le_bytes());
+            }
+        }
+        hash.update(b"\n");
+    }
+    for (name, content) in mount_plan::synthesized_etc() {
+        hash.update(name.as_bytes());
+        hash.update(b"\0");
+        hash.update(content.as_bytes());
+    }
+    Ok(hex::encode(&hash.finalize()[..8]))
+}
+
+/// Removes the copies other than `keep` that no sandbox has mounted, now that `keep` is
+/// ready, and the temporary directories of preparations that died (called under the
+/// preparation lock, so none is under way). A copy some sandbox still mounts (a running
+/// job, a waiting warm sandbox, a zygote) stays until none does, and at most
+/// [`OLD_COPY_MAX_AGE`]. So the cache holds one copy per root shape, plus those in use.
 fn remove_old_copies(dir: &Path, keep: &str) {
     let Ok(read) = fs::read_dir(dir) else { return };
+    let mut in_use: Option<BTreeSet<PathBuf>> = None;
     for entry in read.filter_map(Result::ok) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name == keep || !(name.starts_with("copy-") || name.starts_with(".tmp-")) {
+        if name == keep {
             continue;
         }
-        let old = entry
+        if name.starts_with(".tmp-") {
+            let _ = fs::remove_dir_all(entry.path());
+            continue;
+        }
+        if !name.starts_with("copy-") {
+            continue;
+        }
+        let too_old = entry
             .metadata()
             .and_then(|m| m.modified())
             .ok()
             .and_then(|m| m.elapsed().ok())
             .is_some_and(|age| age > OLD_COPY_MAX_AGE);
-        if old {
-            let _ = fs::remove_dir_all(entry.path());
+        let path = entry.path();
+        let mounted = in_use.get_or_insert_with(mounted_copies).contains(&path);
+        if too_old || !mounted {
+            let _ = fs::remove_dir_all(&path);
         }
     }
+}
+
+/// The prepared copies some process's mount table has an overlay layer of: every
+/// sandbox's mount namespace is some process's, so a copy a job, a warm sandbox or a
+/// zygote uses is listed here while it does.
+fn mounted_copies() -> BTreeSet<PathBuf> {
+    let mut copies = BTreeSet::new();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return copies;
+    };
+    let mut seen_namespaces = BTreeSet::new();
+    for entry in procs.filter_map(Result::ok) {
+        let pid = entry.file_name();
+        if !pid.as_encoded_bytes().iter().all(u8::is_ascii_digit) {
+            continue;
+        }
+        let proc_dir = entry.path();
+        // One read per mount namespace, however many processes share it.
+        if let Ok(ns) = fs::read_link(proc_dir.join("ns/mnt"))
+            && !seen_namespaces.insert(ns)
+        {
+            continue;
+        }
+        let Ok(table) = fs::read_to_string(proc_dir.join("mountinfo")) else {
+            continue;
+        };
+        for line in table.lines().filter(|l| l.contains(" - overlay ")) {
+            for option in line.rsplit(' ').next().unwrap_or_default().split(',') {
+                let Some(layers) = option.strip_prefix("lowerdir=") else {
+                    continue;
+                };
+                for layer in layers.split(':') {
+                    // `<dir>/copy-<key>/root` or `…/empty`: the copy is the parent.
+                    if let Some(copy) = Path::new(&unescape_mountinfo(layer)).parent() {
+                        copies.insert(copy.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    copies
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space) decoded.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value = bytes[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |v, b| v * 8 + u32::from(b - b'0'));
+            out.push(u8::try_from(value).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Bytes and copies of the prepared roots under `cache` (`airlock doctor`, `/metrics`).
+pub fn cache_usage(cache: &Path) -> (u64, u64) {
+    fn bytes_below(path: &Path, depth: usize) -> u64 {
+        let Ok(meta) = fs::symlink_metadata(path) else {
+            return 0;
+        };
+        if !meta.is_dir() || depth > 64 {
+            return meta.size();
+        }
+        fs::read_dir(path).map_or(0, |read| {
+            read.filter_map(Result::ok)
+                .map(|e| bytes_below(&e.path(), depth + 1))
+                .sum()
+        })
+    }
+    let roots = cache.join("roots");
+    let mut copies = 0;
+    let mut bytes = 0;
+    for shape in fs::read_dir(&roots)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+    {
+        for copy in fs::read_dir(shape.path())
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+        {
+            if copy.file_name().to_string_lossy().starts_with("copy-") {
+                copies += 1;
+                bytes += bytes_below(&copy.path(), 0);
+            }
+        }
+    }
+    (bytes, copies)
 }
 
 /// Whether this kernel offers overlayfs, which both host root kinds mount per job (their
@@ -1161,6 +1331,134 @@ mod tests {
             c.programs["airlock-no-such-interpreter"],
             ProgramState::Missing
         );
+    }
+
+    fn copies_in(cache: &Path) -> Vec<String> {
+        let mut names = Vec::new();
+        for shape in fs::read_dir(cache.join("roots"))
+            .unwrap()
+            .filter_map(Result::ok)
+        {
+            if !shape.file_name().to_string_lossy().starts_with("minimal-") {
+                continue;
+            }
+            for copy in fs::read_dir(shape.path()).unwrap().filter_map(Result::ok) {
+                let name = copy.file_name().to_string_lossy().into_owned();
+                if name.starts_with("copy-") || name.starts_with(".tmp-") {
+                    names.push(name);
+                }
+            }
+        }
+        names.sort();
+        names
+    }
+
+    /// A host whose watched directory changed time but none of the files the copy takes
+    /// (what `useradd` or DHCP do to `/etc`) keeps its copy; a changed file makes a new
+    /// one, and the old one, mounted by no sandbox, is removed at once.
+    #[test]
+    fn a_directory_touched_keeps_the_copy_and_a_replaced_copy_is_removed() {
+        let cache = tempfile::tempdir().unwrap();
+        let site = tempfile::tempdir().unwrap();
+        fs::write(site.path().join("mod.py"), "x = 1\n").unwrap();
+        let spec = MinimalRootSpec {
+            programs: vec!["sh".into()],
+            site_packages: vec![site.path().to_owned()],
+        };
+        let first = prepare(cache.path(), &spec).unwrap();
+        assert_eq!(copies_in(cache.path()).len(), 1);
+        // The directory's time changes, its content does not.
+        fs::write(site.path().join("scratch"), "").unwrap();
+        fs::remove_file(site.path().join("scratch")).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        fs::write(site.path().join("scratch2"), "").unwrap();
+        fs::remove_file(site.path().join("scratch2")).unwrap();
+        assert!(
+            !first.manifest.is_fresh(),
+            "the test did not change the directory"
+        );
+        let second = prepare(cache.path(), &spec).unwrap();
+        assert_eq!(second.tree, first.tree);
+        // The kept copy now carries the directory's new identity.
+        let site_now = SourceId::of(site.path()).unwrap();
+        assert!(second.manifest.sources.contains(&site_now));
+        assert!(!first.manifest.sources.contains(&site_now));
+        assert_eq!(
+            copies_in(cache.path()).len(),
+            1,
+            "{:?}",
+            copies_in(cache.path())
+        );
+        // A file the copy takes changes: a new copy, the old one gone.
+        fs::write(site.path().join("new.py"), "y = 2\n").unwrap();
+        let third = prepare(cache.path(), &spec).unwrap();
+        assert_ne!(third.tree, first.tree);
+        assert!(
+            third
+                .tree
+                .join(relative(&site.path().join("new.py")))
+                .exists()
+        );
+        assert!(!first.tree.exists());
+        assert_eq!(
+            copies_in(cache.path()).len(),
+            1,
+            "{:?}",
+            copies_in(cache.path())
+        );
+    }
+
+    /// A copy a sandbox still mounts (as an overlay's lower layer) stays when a newer one
+    /// is ready, and goes once nothing mounts it.
+    #[test]
+    fn a_copy_still_mounted_is_kept_until_it_is_not() {
+        if !rustix::process::geteuid().is_root() || !overlayfs_available() {
+            eprintln!("skipped: mounting an overlay needs root and overlayfs");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["copy-old", "copy-new", "copy-unused"] {
+            fs::create_dir_all(dir.path().join(name).join("root/usr")).unwrap();
+            fs::create_dir_all(dir.path().join(name).join("empty")).unwrap();
+        }
+        fs::create_dir(dir.path().join(".tmp-1-2")).unwrap();
+        let target = dir.path().join("mnt");
+        fs::create_dir(&target).unwrap();
+        let old = dir.path().join("copy-old");
+        let options = format!(
+            "lowerdir={}:{}",
+            old.join("root").display(),
+            old.join("empty").display()
+        );
+        let data = std::ffi::CString::new(options).unwrap();
+        rustix::mount::mount(
+            "airlock-test",
+            &target,
+            "overlay",
+            rustix::mount::MountFlags::RDONLY,
+            data.as_c_str(),
+        )
+        .unwrap();
+        remove_old_copies(dir.path(), "copy-new");
+        let left = |d: &Path| {
+            let mut names: Vec<String> = fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != "mnt")
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(left(dir.path()), ["copy-new", "copy-old"]);
+        rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+        remove_old_copies(dir.path(), "copy-new");
+        assert_eq!(left(dir.path()), ["copy-new"]);
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo("/a\\040b/c"), "/a b/c");
+        assert_eq!(unescape_mountinfo("/plain\\"), "/plain\\");
     }
 
     #[test]

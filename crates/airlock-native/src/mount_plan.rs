@@ -246,6 +246,10 @@ pub struct JobMounts {
     pub workdir_mode: WorkdirMode,
     /// Size of `/tmp` (and of `/dev/shm`).
     pub tmp_bytes: u64,
+    /// A session's own `/tmp` on the host (its size capped there), bound instead of a
+    /// fresh tmpfs, with `/work`'s options (a session's `/work` is writable and
+    /// executable already, so this one adds nothing a job could not do there).
+    pub session_tmp: Option<PathBuf>,
     /// `/out`, when the job has one.
     pub out: Option<OutMount>,
     /// The job's CA bundle on the host, bound read-only over the root's own bundle at
@@ -420,13 +424,21 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
         });
     }
 
-    steps.push(MountStep::Tmpfs {
-        target: "tmp".to_owned(),
-        size_bytes: job.tmp_bytes,
-        mode: 0o1777,
-        options: MountOptions::RW_NOEXEC,
-        inodes: None,
-        owner: None,
+    steps.push(match &job.session_tmp {
+        Some(source) => MountStep::Bind {
+            source: source.clone(),
+            target: "tmp".to_owned(),
+            options: MountOptions::RW,
+            optional: false,
+        },
+        None => MountStep::Tmpfs {
+            target: "tmp".to_owned(),
+            size_bytes: job.tmp_bytes,
+            mode: 0o1777,
+            options: MountOptions::RW_NOEXEC,
+            inodes: None,
+            owner: None,
+        },
     });
     if let Some(out) = job.out {
         steps.push(MountStep::Tmpfs {
@@ -603,9 +615,37 @@ mod tests {
             workdir: PathBuf::from("/run/airlock/JOB/work"),
             workdir_mode: WorkdirMode::Ro,
             tmp_bytes: 16 * 1024 * 1024,
+            session_tmp: None,
             out: None,
             trust_bundle: None,
         }
+    }
+
+    #[test]
+    fn a_sessions_tmp_is_bound_as_its_work_is_instead_of_a_fresh_tmpfs() {
+        let layout = minimal_root();
+        let fresh = build_mount_plan(&layout, &job());
+        assert!(fresh.iter().any(|s| matches!(s,
+            MountStep::Tmpfs { target, options, .. } if target == "tmp" && *options == MountOptions::RW_NOEXEC)));
+        let mut mounts = job();
+        mounts.workdir_mode = WorkdirMode::Rw;
+        mounts.session_tmp = Some(PathBuf::from("/run/airlock-sessions/S-tmp"));
+        let plan = build_mount_plan(&layout, &mounts);
+        let tmp: Vec<&MountStep> = plan
+            .iter()
+            .filter(|s| matches!(s, MountStep::Tmpfs { target, .. } | MountStep::Bind { target, .. } if target == "tmp"))
+            .collect();
+        assert_eq!(tmp.len(), 1, "{tmp:?}");
+        assert!(
+            matches!(tmp[0], MountStep::Bind { source, options, optional: false, .. }
+                if source == Path::new("/run/airlock-sessions/S-tmp") && *options == MountOptions::RW),
+            "{tmp:?}"
+        );
+        // /dev/shm stays the job's own.
+        assert!(
+            plan.iter()
+                .any(|s| matches!(s, MountStep::Tmpfs { target, .. } if target == "dev/shm"))
+        );
     }
 
     #[test]

@@ -32,9 +32,11 @@ use airlock_core::{
     WarmPoolStats,
 };
 
-use crate::backend::{Launched, NativeBackend, teardown};
+use crate::backend::NativeBackend;
 use crate::error::NativeError;
+use crate::launch::Launched;
 use crate::plan::{CONTROL_FD, IdMapping};
+use crate::teardown::teardown;
 use crate::zygote::{ZYGOTE_CHILDREN_MAX, Zygote};
 use airlock_host::jobdir::JobDir;
 
@@ -55,6 +57,8 @@ pub struct PoolConfig {
     pub preload: Vec<String>,
     /// Whether sandboxes are forked from a zygote ([native] zygote).
     pub zygote: bool,
+    /// Most sandboxes one zygote forks before it is replaced ([native] zygote_forks).
+    pub zygote_forks: u32,
     /// Most sandboxes ever started, `None` for no bound: `airlock run --warm` starts one,
     /// for its one job, and no replacement after it.
     pub starts_max: Option<u64>,
@@ -73,6 +77,7 @@ pub fn start(
         idle_max,
         preload,
         zygote,
+        zygote_forks,
         starts_max,
     } = config;
     if let Some(reason) = python::unsupported_template(&template) {
@@ -98,6 +103,7 @@ pub fn start(
         preload,
         idle_max,
         zygote,
+        zygote_forks: u64::from(zygote_forks.max(1)),
         zygotes: Mutex::new(Zygotes::default()),
         counters: ZygoteCounters::default(),
     };
@@ -123,6 +129,9 @@ pub struct NativeWarm {
     idle_max: Duration,
     /// Whether sandboxes are forked from a zygote ([native] zygote).
     zygote: bool,
+    /// Past this many forks a zygote is replaced, as past the idle lifetime: its children
+    /// share its layout and hash secret, and this bounds how many do.
+    zygote_forks: u64,
     zygotes: Mutex<Zygotes>,
     counters: ZygoteCounters,
 }
@@ -143,6 +152,8 @@ struct ZygoteCounters {
 #[derive(Default)]
 struct Zygotes {
     active: Option<Arc<Zygote>>,
+    /// Children the active zygote was taken for (forks tried), since it started.
+    active_forks: u64,
     retired: Vec<Arc<Zygote>>,
     /// No new zygote is started before this, after one failed to start.
     retry_at: Option<Instant>,
@@ -266,13 +277,20 @@ impl NativeWarm {
     /// as it may. Taken under the lock every child's hold is taken under, so that a batch of
     /// starts never takes more than [`ZYGOTE_CHILDREN_MAX`].
     fn zygote_to_fork_from(&self) -> Option<Arc<Zygote>> {
-        let zygotes = self.zygotes.lock().ok()?;
+        let mut zygotes = self.zygotes.lock().ok()?;
+        // Its forks spent: sandboxes start from scratch until the upkeep replaces it.
+        if zygotes.active_forks >= self.zygote_forks {
+            return None;
+        }
         let active = zygotes.active.as_ref()?;
-        (children_of(active) < ZYGOTE_CHILDREN_MAX as usize).then(|| active.clone())
+        let active =
+            (children_of(active) < ZYGOTE_CHILDREN_MAX as usize).then(|| active.clone())?;
+        zygotes.active_forks += 1;
+        Some(active)
     }
 
-    /// Keeps a zygote to fork from: the active one while it can fork and is younger than
-    /// the idle lifetime; otherwise it is retired (a dead one counted as lost) and a new one
+    /// Keeps a zygote to fork from: the active one while it can fork, is younger than the
+    /// idle lifetime and has forks left ([native] zygote_forks); otherwise it is retired (a dead one counted as lost) and a new one
     /// started, unless the last start failed too recently. Sandboxes start from scratch
     /// while there is none.
     async fn keep_zygote(&self) {
@@ -282,13 +300,18 @@ impl NativeWarm {
             };
             match zygotes.active.take() {
                 Some(active)
-                    if active.is_usable() && active.started_at().elapsed() <= self.idle_max =>
+                    if active.is_usable()
+                        && active.started_at().elapsed() <= self.idle_max
+                        && zygotes.active_forks < self.zygote_forks =>
                 {
                     zygotes.active = Some(active);
                     return;
                 }
                 Some(active) => {
-                    if active.is_usable() {
+                    if active.is_usable() && zygotes.active_forks >= self.zygote_forks {
+                        tracing::debug!(zygote = %active.name(), forks = zygotes.active_forks,
+                            "the zygote forked as many sandboxes as it may; replaced");
+                    } else if active.is_usable() {
                         tracing::debug!(zygote = %active.name(), "the zygote outlived its idle lifetime; replaced");
                     } else {
                         self.counters.zygotes_lost.fetch_add(1, Ordering::Relaxed);
@@ -321,6 +344,7 @@ impl NativeWarm {
                 tracing::debug!(zygote = %zygote.name(), "zygote started");
                 if let Ok(mut zygotes) = self.zygotes.lock() {
                     zygotes.active = Some(zygote);
+                    zygotes.active_forks = 0;
                     zygotes.retry_at = None;
                     zygotes.backoff = REFILL_BACKOFF_MIN;
                 }
@@ -560,6 +584,9 @@ impl WarmSandboxes for NativeWarm {
     fn upkeep_due(&self) -> Option<Instant> {
         let zygotes = self.zygotes.lock().ok()?;
         let active = zygotes.active.as_ref()?;
+        if zygotes.active_forks >= self.zygote_forks {
+            return Some(Instant::now());
+        }
         Some(active.started_at() + self.idle_max)
     }
 

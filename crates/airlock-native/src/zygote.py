@@ -62,9 +62,6 @@ def _airlock_zygote():
             super().__init__(step)
             self.step, self.errno, self.detail = step, errno, detail
 
-    class Reported(Exception):
-        pass
-
     def fail(step, detail, errno=None):
         raise Failure(step, errno, detail)
 
@@ -77,7 +74,7 @@ def _airlock_zygote():
     def step(name, fn, *args):
         try:
             return fn(*args)
-        except (Failure, Reported):
+        except Failure:
             raise
         except OSError as e:
             raise Failure(name, e.errno, e.strerror or str(e))
@@ -92,8 +89,6 @@ def _airlock_zygote():
             pass
 
     def failed(status, e):
-        if isinstance(e, Reported):
-            return
         if not isinstance(e, Failure):
             e = Failure("zygote child", None, repr(e))
         report(status, {"event": "failed", "step": e.step, "errno": e.errno,
@@ -215,18 +210,20 @@ def _airlock_zygote():
     # The init's executable in a child (its descriptor there), once child() moved it.
     reaper = []
 
-    def child(fds, threads_at_fork):
+    def child(fds, mapping, threads_at_fork):
         # The sandbox leader, in the template's namespaces, as the template's root.
-        # Descriptors: [stdin, stdout, stderr, status, control, handoff, work, *procs].
+        # Descriptors: [stdin, stdout, stderr, status, control, handoff, work, *procs], and
+        # the two ends of its id mapping with the zygote: [ask, done].
         floor = 1 + max(int(n) for n in os.listdir("/proc/self/fd"))
         fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
+        mapping = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in mapping]
         reaper[:] = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in init_program]
         os.closerange(0, floor)
         for number, fd in enumerate(fds[:3]):
             os.dup2(fd, number)
             os.close(fd)
         status, job_control, handoff, work = fds[3:7]
-        return run(status, leader, status, job_control, handoff, work, fds[7:],
+        return run(status, leader, status, job_control, handoff, work, fds[7:], mapping,
                    threads_at_fork)
 
     def become_reaper(child, report, ready=None):
@@ -244,7 +241,7 @@ def _airlock_zygote():
         except OSError:
             pass
 
-    def leader(status, job_control, handoff, work, procs, threads_at_fork):
+    def leader(status, job_control, handoff, work, procs, mapping, threads_at_fork):
         if threads_at_fork != 1:
             fail("check the zygote's threads",
                  "the zygote had %d threads when it forked" % threads_at_fork)
@@ -261,21 +258,20 @@ def _airlock_zygote():
         step("register with the host", socket.send_fds, register, [b"p%d" % moved_us],
              [pidfd])
         os.close(pidfd)
-        # 3. A user namespace of its own, mapped by a process still in the template's, so
-        #    that the per-user counts of the job's uid are this sandbox's alone.
-        me = os.getpid()
-        go_read, go_write = os.pipe()
-        mapper = os.fork()
-        if mapper == 0:
-            os.close(go_write)
-            return run(status, map_ids, me, go_read)
-        os.close(go_read)
+        # 3. A user namespace of its own, mapped by the zygote, which is still in the
+        #    template's (a namespace's ids are written from its parent), so that the
+        #    per-user counts of the job's uid are this sandbox's alone. The zygote writes
+        #    them when asked, rather than a fork of this process doing it: one fork of the
+        #    interpreter less per sandbox (its copied pages, its exit).
+        ask, done = mapping
         step("unshare user namespace", unshare, ["user"])
-        os.write(go_write, b"m")
-        os.close(go_write)
-        _, code = os.waitpid(mapper, 0)
-        if code != 0:
-            raise Reported()
+        os.write(ask, b"m")
+        os.close(ask)
+        answer = os.read(done, 256)
+        os.close(done)
+        if answer != b"k":
+            fail("map the user namespace's ids",
+                 "the zygote could not write them: %s" % answer.decode(errors="replace"))
         # 4. The other namespaces, owned by it; the pid namespace is pid 1's, below.
         unshare(["mount", "cgroup", "net", "ipc", "uts", "pid"])
         # 5. A fresh /tmp, /dev/shm and /out over the template's, and the job's /work.
@@ -309,12 +305,25 @@ def _airlock_zygote():
         os.waitpid(init, 0)
         os.close(alive_write)
 
-    def map_ids(leader_pid, go):
-        if not os.read(go, 1):
-            return
-        for name in ("uid_map", "gid_map"):
-            with open("/proc/%d/%s" % (leader_pid, name), "w") as f:
-                step("write " + name, f.write, plan[name])
+    def map_ids(leader_pid, ask, done):
+        # A child's leader asked (it has entered its user namespace) or ended: the ids of
+        # its namespace, 1:1 onto the template's. Its answer: "k", or why not.
+        try:
+            if os.read(ask, 1) != b"m":
+                return
+            try:
+                for name in ("uid_map", "gid_map"):
+                    with open("/proc/%d/%s" % (leader_pid, name), "w") as f:
+                        f.write(plan[name])
+                answer = b"k"
+            except OSError as e:
+                answer = ("write %s: %s" % (name, e.strerror or e)).encode()[:200]
+            os.write(done, answer)
+        except OSError:
+            pass
+        finally:
+            os.close(ask)
+            os.close(done)
 
     def pid1(status, alive, register, job_control):
         checked(libc.prctl(pr_set_pdeathsig, 9, 0, 0, 0), "set parent death signal")
@@ -335,6 +344,13 @@ def _airlock_zygote():
                 raise Failure("write " + path, e.errno, e.strerror)
         for s in proc_steps[1:]:
             apply_mount(s)
+        # The host holds a pidfd of this process too, and takes its end for the job's: the
+        # kernel reports pid 1 of a namespace gone only once it has killed and reaped every
+        # other process in it, so nothing of the job runs then, and the leader's exit (the
+        # namespaces torn down) is left off the reply's path.
+        pidfd = step("open a pidfd", os.pidfd_open, os.getpid())
+        step("register with the host", socket.send_fds, register, [b"p0"], [pidfd])
+        os.close(pidfd)
         if plan["send_out_dir"]:
             out = step("open /out", os.open, "/out",
                        os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -471,8 +487,14 @@ def _airlock_zygote():
     poller = select.poll()
     poller.register(control, select.POLLIN)
     leaders = {}
+    mappings = {}
     while True:
         for fd, _ in poller.poll():
+            if fd in mappings:
+                poller.unregister(fd)
+                pid, done = mappings.pop(fd)
+                map_ids(pid, fd, done)
+                continue
             if fd != control:
                 poller.unregister(fd)
                 pid = leaders.pop(fd)
@@ -504,17 +526,21 @@ def _airlock_zygote():
             # Everything the child inherits is frozen, this program's objects too: its
             # collector then never writes a shared page, and what is left of this program
             # in the job is garbage that stays shared (and is never finalized).
+            ask_read, ask_write = os.pipe()
+            done_read, done_write = os.pipe()
             gc.freeze()
             pid = os.fork()
             if pid == 0:
                 # The zygote's socket object must not close descriptor 6 (the job's) when
                 # the frame holding it goes.
                 sock.detach()
-                if child(fds, threads) is True:
+                if child(fds, (ask_write, done_read), threads) is True:
                     return True
                 os._exit(1)
-            for f in fds:
+            for f in fds + [ask_write, done_read]:
                 os.close(f)
+            mappings[ask_read] = (pid, done_write)
+            poller.register(ask_read, select.POLLIN)
             pidfd = os.pidfd_open(pid)
             leaders[pidfd] = pid
             poller.register(pidfd, select.POLLIN)

@@ -15,8 +15,8 @@
 //!
 //! Each child, in order: writes itself into its job cgroup; sends the host a pidfd of
 //! itself (the kernel adds its pid in the host's pid namespace, which must agree); enters
-//! a user namespace of its own (mapped 1:1 onto the template's by a process still in the
-//! template's, so that per-user kernel counts are the child's alone); new mount, cgroup,
+//! a user namespace of its own (mapped 1:1 onto the template's by the zygote, which is
+//! still in the template's, so that per-user kernel counts are the child's alone); new mount, cgroup,
 //! net, ipc, uts and pid namespaces; a fresh `/tmp`, `/dev/shm` and `/out` and its own
 //! `/work`; then pid 1 (fresh `/proc`, per-namespace counts, the masks) and the job
 //! process (rlimits, every capability dropped and checked, uid 65534, `no_new_privs`, the
@@ -35,24 +35,23 @@ use airlock_cgroup::{CpuPriority, JobCgroup};
 use airlock_core::warm::python;
 use airlock_core::{JobId, JobSpec};
 use airlock_host::jobdir::JobDir;
-use airlock_sys::seccomp::FilterName;
+use airlock_seccomp::FilterName;
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
-use crate::backend::{
-    Launched, NativeBackend, STATUS_EVENTS_MAX, await_start, read_events, teardown,
-    unix_socket_pair,
-};
+use crate::backend::{NativeBackend, STATUS_EVENTS_MAX};
 use crate::error::NativeError;
 use crate::helper::{Helper, HelperInput, HelperOutput};
+use crate::launch::{Launched, await_start, read_events, unix_socket_pair};
 use crate::mount_plan::PROC_READONLY;
 use crate::plan::{
     IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MSGQUEUE_RLIMIT_BYTES, MountOptions, MountStep,
     ProgramRole, RlimitResource, RlimitSetting, SIGPENDING_RLIMIT, SandboxPlan,
     USER_NAMESPACE_LIMITS,
 };
+use crate::teardown::teardown;
 
 /// The zygote's program: its loop, and each child's setup.
 const ZYGOTE_PY: &str = include_str!("zygote.py");
@@ -263,11 +262,24 @@ pub fn child_namespace_limits(limits: &ChildLimits) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// How many namespaces of each kind the template counts per child it may hold at once.
+/// A child's namespaces are not uncounted when it exits: the kernel frees a user namespace
+/// from a work queue once its last reference goes, and a network namespace (which holds
+/// one on its owner) is cleaned up later still, in batches after an RCU grace period. With
+/// room for exactly [`ZYGOTE_CHILDREN_MAX`], a busy pool's next child found the count full
+/// of namespaces of children already gone (`unshare user namespaces: No space left on
+/// device`, issue 34) and the pool fell back to fresh sandboxes. The headroom is only the
+/// zygote's: each child sets its own counts to 0 before any job code runs, and seccomp
+/// refuses namespace creation to jobs anyway.
+pub const ZYGOTE_NAMESPACE_HEADROOM: u64 = 4;
+
 /// The template's per-namespace counts: room for [`ZYGOTE_CHILDREN_MAX`] children, each
-/// with its own user, mount, pid, net, ipc, uts and cgroup namespace and its inotify
+/// with its own user, mount, pid, net, ipc, uts and cgroup namespace (times
+/// [`ZYGOTE_NAMESPACE_HEADROOM`] for the ones the kernel has not freed yet) and its inotify
 /// share; the zygote itself needs nothing.
 pub fn template_namespace_limits(limits: &ChildLimits) -> Vec<(String, u64)> {
     let children = u64::from(ZYGOTE_CHILDREN_MAX);
+    let namespaces = children * ZYGOTE_NAMESPACE_HEADROOM;
     child_namespace_limits(limits)
         .into_iter()
         .map(|(name, child)| {
@@ -279,7 +291,7 @@ pub fn template_namespace_limits(limits: &ChildLimits) -> Vec<(String, u64)> {
                 | "max_net_namespaces"
                 | "max_ipc_namespaces"
                 | "max_uts_namespaces"
-                | "max_cgroup_namespaces" => children,
+                | "max_cgroup_namespaces" => namespaces,
                 _ => child,
             };
             (name, value)
@@ -828,6 +840,24 @@ impl Zygote {
             cgroup_move_us = registration.cgroup_move.as_micros() as u64,
             ready_us = started_at.saturating_duration_since(spawned_at).as_micros() as u64,
             "forked sandbox ready");
+        // Then pid 1 of the child's pid namespace, registered the same way before it forked
+        // the job process (so before the start was reported): its end is the job's end
+        // (docs/speed.md, "The reply does not wait for the teardown").
+        let pid1 = match tokio::time::timeout(FORK_TIMEOUT, receive_registration(&host_end)).await {
+            Ok(Ok(registration)) => Helper::adopt(registration.pidfd)
+                .map_err(|e| zygote_io("hold the child's pid 1's pidfd", &e))?,
+            Ok(Err(e)) => {
+                child.start_kill();
+                return Err(e);
+            }
+            Err(_) => {
+                child.start_kill();
+                return Err(NativeError::Zygote {
+                    step: "register",
+                    detail: "the child's pid 1 did not register".into(),
+                });
+            }
+        };
         let host_end = host_end.into_inner();
         let out_dir = if send_out_dir {
             let out = crate::handoff::receive_handoff(&host_end)
@@ -855,6 +885,7 @@ impl Zygote {
         };
         Ok(Launched {
             child,
+            pid1: Some(pid1),
             stdin: Some(stdin),
             stdout: output(stdout_read)?,
             stderr: output(stderr_read)?,
@@ -1154,7 +1185,7 @@ mod tests {
         assert!(get(&template, "max_inotify_instances") <= 128);
         assert_eq!(
             get(&template, "max_user_namespaces"),
-            u64::from(ZYGOTE_CHILDREN_MAX)
+            u64::from(ZYGOTE_CHILDREN_MAX) * ZYGOTE_NAMESPACE_HEADROOM
         );
         assert_eq!(get(&template, "max_time_namespaces"), 0);
         assert_eq!(get(&template, "max_fanotify_groups"), 0);

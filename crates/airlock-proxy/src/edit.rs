@@ -40,6 +40,11 @@ impl<B, E> EditedBody<B, E> {
             ended: false,
         }
     }
+
+    /// The edit, to configure it before the body streams.
+    pub(crate) fn edit_mut(&mut self) -> &mut E {
+        &mut self.edit
+    }
 }
 
 impl<B, E> Body for EditedBody<B, E>

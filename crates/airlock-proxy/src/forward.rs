@@ -36,7 +36,9 @@ use crate::meter::Metered;
 use crate::packages::LinkScanner;
 use crate::record::LimitKind;
 use crate::scrub::{FOREIGN_SECRET_REASON, GuardedBody, RequestBodyError, Scrubber};
-use crate::secrets::{substitute_bytes, substitute_query, substituted, unbound_placeholders};
+use crate::secrets::{
+    substitute_bytes_counted, substitute_query_counted, substituted_counted, unbound_placeholders,
+};
 use crate::server::{ClientCtx, ProxyBody, Target, fail, text_response};
 use crate::state::InFlight;
 
@@ -261,7 +263,10 @@ pub(crate) async fn exchange(
         scheme,
         reads_answer,
     ) {
-        Ok(mut outgoing) => {
+        Ok((mut outgoing, substituted_in_head)) => {
+            if substituted_in_head > 0 {
+                inflight.update(|r| r.secrets_substituted += substituted_in_head);
+            }
             if !in_body.is_empty() {
                 // Each replacement changes the length; the body goes without one.
                 outgoing.headers_mut().remove(header::CONTENT_LENGTH);
@@ -276,7 +281,7 @@ pub(crate) async fn exchange(
                 if in_body.is_empty() {
                     guarded
                 } else {
-                    substituted(guarded, &in_body).boxed()
+                    substituted_counted(guarded, &in_body, inflight.clone()).boxed()
                 }
             })
         }
@@ -437,8 +442,9 @@ fn build_request(
     version: Version,
     scheme: Scheme,
     reads_answer: bool,
-) -> Result<Request<Incoming>, String> {
+) -> Result<(Request<Incoming>, u64), String> {
     let (mut parts, body) = req.into_parts();
+    let mut substitutions = 0u64;
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -450,8 +456,13 @@ fn build_request(
         .copied()
         .filter(|s| s.substitutes_in(SubstitutePlace::Query))
         .collect();
-    let path_and_query =
-        substitute_query(path_and_query, &in_query).unwrap_or_else(|| path_and_query.to_owned());
+    let path_and_query = match substitute_query_counted(path_and_query, &in_query) {
+        Some((replaced, n)) => {
+            substitutions += n;
+            replaced
+        }
+        None => path_and_query.to_owned(),
+    };
     let authority = authority(target, scheme);
     parts.uri = match version {
         Version::HTTP_2 => format!("https://{authority}{path_and_query}"),
@@ -478,7 +489,8 @@ fn build_request(
         .collect();
     if !in_headers.is_empty() {
         for value in headers.values_mut() {
-            if let Some(replaced) = substitute_bytes(value.as_bytes(), &in_headers) {
+            if let Some((replaced, n)) = substitute_bytes_counted(value.as_bytes(), &in_headers) {
+                substitutions += n;
                 let sensitive = value.is_sensitive();
                 *value = HeaderValue::from_bytes(&replaced)
                     .map_err(|_| "a header value is invalid after substitution".to_owned())?;
@@ -492,7 +504,7 @@ fn build_request(
         headers.insert(header::HOST, host);
     }
     parts.headers = headers;
-    Ok(Request::from_parts(parts, body))
+    Ok((Request::from_parts(parts, body), substitutions))
 }
 
 /// The target as a `Host` header or authority: the port left out when it is the scheme's

@@ -86,6 +86,10 @@ pub struct ConnectionRecord {
     /// by its placeholder in this response's headers and body.
     #[serde(skip_serializing_if = "is_zero")]
     pub secrets_scrubbed: u64,
+    /// How many placeholders of secrets were replaced by their real values in this
+    /// request (header values, query, body). The count only, never a value.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub secrets_substituted: u64,
     /// Set on a tunnel whose TLS the proxy terminated (a secret's host, a package index or
     /// a host it named), and on each request made inside it (those are records of their
     /// own; their bytes count in the tunnel's record).
@@ -129,6 +133,7 @@ impl ConnectionRecord {
             duration_ms: 0,
             refused: None,
             secrets_scrubbed: 0,
+            secrets_substituted: 0,
             intercepted: false,
             path: None,
             unbound_placeholders: Vec::new(),
@@ -166,6 +171,8 @@ impl ProxySummary {
                 bytes_up: self.bytes_up,
                 bytes_down: self.bytes_down,
                 limit_hit: self.limit_hit.map(|l| l.to_string()),
+                secrets_substituted: self.connections.iter().map(|r| r.secrets_substituted).sum(),
+                secrets_scrubbed: self.connections.iter().map(|r| r.secrets_scrubbed).sum(),
             },
             connections: self
                 .connections

@@ -14,8 +14,11 @@
 //! What keeps the real value from coming back in responses, or going out toward other
 //! hosts, is in [`crate::scrub`].
 
+use std::sync::Arc;
+
 use crate::config::Secret;
 use crate::edit::{Edit, EditedBody};
+use crate::state::InFlight;
 
 /// The job-side names of the secrets among `foreign` (secrets not for this request's
 /// host) whose placeholder appears in `texts` (the request target, header values).
@@ -40,6 +43,20 @@ pub(crate) fn unbound_placeholders<'a>(
 pub(crate) struct Substitute {
     /// (placeholder, value) pairs.
     pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The request whose record counts each replacement (`secrets_substituted`).
+    inflight: Option<Arc<InFlight>>,
+}
+
+/// `inner` with the placeholders of `secrets` replaced as it streams, each replacement
+/// counted in the request's record.
+pub(crate) fn substituted_counted<B>(
+    inner: B,
+    secrets: &[&Secret],
+    inflight: Arc<InFlight>,
+) -> EditedBody<B, Substitute> {
+    let mut body = substituted(inner, secrets);
+    body.edit_mut().inflight = Some(inflight);
+    body
 }
 
 /// `inner` with the placeholders of `secrets` replaced as it streams.
@@ -54,7 +71,13 @@ pub(crate) fn substituted<B>(inner: B, secrets: &[&Secret]) -> EditedBody<B, Sub
             )
         })
         .collect();
-    EditedBody::new(inner, Substitute { pairs })
+    EditedBody::new(
+        inner,
+        Substitute {
+            pairs,
+            inflight: None,
+        },
+    )
 }
 
 impl Edit for Substitute {
@@ -70,11 +93,13 @@ impl Edit for Substitute {
         let end = limit.unwrap_or(input.len()).min(input.len());
         let mut out = Vec::with_capacity(input.len());
         let mut i = 0;
+        let mut replaced = 0u64;
         'scan: while i < end {
             for (placeholder, value) in &self.pairs {
                 if input[i..].starts_with(placeholder) {
                     out.extend_from_slice(value);
                     i += placeholder.len();
+                    replaced += 1;
                     continue 'scan;
                 }
             }
@@ -85,46 +110,79 @@ impl Edit for Substitute {
             out.extend_from_slice(&input[i.min(input.len())..]);
             i = input.len();
         }
+        if replaced > 0
+            && let Some(inflight) = &self.inflight
+        {
+            inflight.update(|r| r.secrets_substituted += replaced);
+        }
         (out, i)
     }
 }
 
 /// Replaces every placeholder of `secrets` in `input`; `None` when nothing changed.
+#[cfg(test)]
 pub(crate) fn substitute_bytes(input: &[u8], secrets: &[&Secret]) -> Option<Vec<u8>> {
+    substitute_bytes_counted(input, secrets).map(|(out, _)| out)
+}
+
+/// [`substitute_bytes`], with the number of placeholders replaced.
+pub(crate) fn substitute_bytes_counted(
+    input: &[u8],
+    secrets: &[&Secret],
+) -> Option<(Vec<u8>, u64)> {
     let mut current: Option<Vec<u8>> = None;
+    let mut count = 0u64;
     for secret in secrets {
         let haystack = current.as_deref().unwrap_or(input);
-        if let Some(replaced) = replace_all(
+        if let Some((replaced, n)) = replace_all(
             haystack,
             secret.placeholder.as_bytes(),
             secret.value.expose().as_bytes(),
         ) {
             current = Some(replaced);
+            count += n;
         }
     }
-    current
+    current.map(|out| (out, count))
 }
 
 /// Replaces the placeholders in the query part of a `path?query` target, percent-encoding
 /// the value; the path is left alone. `None` when nothing changed.
+#[cfg(test)]
 pub(crate) fn substitute_query(path_and_query: &str, secrets: &[&Secret]) -> Option<String> {
-    let (path, query) = path_and_query.split_once('?')?;
-    let mut current: Option<String> = None;
-    for secret in secrets {
-        let haystack = current.as_deref().unwrap_or(query);
-        if haystack.contains(&secret.placeholder) {
-            current =
-                Some(haystack.replace(&secret.placeholder, &percent_encode(secret.value.expose())));
-        }
-    }
-    current.map(|query| format!("{path}?{query}"))
+    substitute_query_counted(path_and_query, secrets).map(|(out, _)| out)
 }
 
-fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
+/// [`substitute_query`], with the number of placeholders replaced.
+pub(crate) fn substitute_query_counted(
+    path_and_query: &str,
+    secrets: &[&Secret],
+) -> Option<(String, u64)> {
+    let (path, query) = path_and_query.split_once('?')?;
+    let mut current: Option<String> = None;
+    let mut count = 0u64;
+    for secret in secrets {
+        if secret.placeholder.is_empty() {
+            continue;
+        }
+        let haystack = current.as_deref().unwrap_or(query);
+        let n = haystack.matches(secret.placeholder.as_str()).count() as u64;
+        if n > 0 {
+            current =
+                Some(haystack.replace(&secret.placeholder, &percent_encode(secret.value.expose())));
+            count += n;
+        }
+    }
+    current.map(|query| (format!("{path}?{query}"), count))
+}
+
+/// `haystack` with every `needle` replaced, and how many; `None` when there was none.
+fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Option<(Vec<u8>, u64)> {
     if needle.is_empty() || haystack.len() < needle.len() {
         return None;
     }
     let mut out: Option<Vec<u8>> = None;
+    let mut count = 0u64;
     let mut start = 0;
     let mut i = 0;
     while i + needle.len() <= haystack.len() {
@@ -132,6 +190,7 @@ fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
             let buf = out.get_or_insert_with(|| Vec::with_capacity(haystack.len()));
             buf.extend_from_slice(&haystack[start..i]);
             buf.extend_from_slice(with);
+            count += 1;
             i += needle.len();
             start = i;
         } else {
@@ -140,7 +199,7 @@ fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
     }
     let mut buf = out?;
     buf.extend_from_slice(&haystack[start..]);
-    Some(buf)
+    Some((buf, count))
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters.

@@ -185,6 +185,12 @@ pub fn generate_token() -> Result<String, ServerError> {
     ))
 }
 
+/// A new random token in E2B's API key shape (`e2b_` and 64 hex digits), which E2B's
+/// SDKs check keys against; as high in entropy as [`generate_token`]'s.
+pub fn generate_e2b_token() -> Result<String, ServerError> {
+    airlock_e2b::generate_api_key().map_err(ServerError::Random)
+}
+
 /// The tokens-file entry of a new token: `[tenants.NAME]` with the token's digest (never
 /// the token), and the tenant's policy and limit when given.
 pub fn tokens_file_entry(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use airlock_core::{ErrorKind, JobRequest, JobResult, Observation, Outcome};
 use airlock_engine::{OutputEvent, OutputSink};
-use airlock_mcp::{AuthenticatedTenant, RunCodeServer};
+use airlock_mcp::AuthenticatedTenant;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -20,7 +20,6 @@ use futures_util::StreamExt;
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -32,6 +31,7 @@ use crate::api::{
 use crate::auth::{TokensFile, bearer_token};
 use crate::metrics::ExpositionFormat;
 use crate::runner::{Phase, Refusal, Runner};
+use airlock_core::observation::WorkspaceFileRelease;
 use airlock_engine::sessions::SessionError;
 use axum::extract::Path;
 
@@ -60,6 +60,71 @@ pub struct AppState {
     pub tasks: TaskTracker,
     /// The OpenAPI document, rendered once.
     pub openapi: Bytes,
+    /// The E2B API (docs/e2b.md).
+    pub e2b: airlock_e2b::E2b,
+}
+
+/// What the E2B API needs of this server: its tokens (an E2B API key is an airlock
+/// token), sessions, engines and body bounds.
+pub struct E2bServerHost {
+    /// Admission and engines.
+    pub runner: Arc<Runner>,
+    /// The tokens; `None` without authentication.
+    pub tokens: Option<Arc<TokensFile>>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Longest time to receive a request body.
+    pub body_timeout: Duration,
+}
+
+impl airlock_e2b::E2bHost for E2bServerHost {
+    fn tenant(&self, api_key: Option<&str>) -> Result<Option<String>, ()> {
+        let Some(tokens) = &self.tokens else {
+            return Ok(None);
+        };
+        match api_key.and_then(|key| tokens.authenticate(key)) {
+            Some(tenant) => Ok(Some(tenant.name.clone())),
+            None => {
+                self.runner.metrics().rejected("unauthorized");
+                Err(())
+            }
+        }
+    }
+
+    fn sessions(&self) -> Result<Arc<airlock_engine::sessions::SessionManager>, SessionError> {
+        self.runner.sessions()
+    }
+
+    fn engine(&self, tenant: Option<&str>) -> Arc<airlock_engine::Engine> {
+        self.runner.session_engine(tenant)
+    }
+
+    fn template_engine(&self, tenant: Option<&str>, template: &str) -> Arc<airlock_engine::Engine> {
+        self.runner.template_engine(tenant, template)
+    }
+
+    fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    fn body_timeout(&self) -> Duration {
+        self.body_timeout
+    }
+}
+
+/// Sends E2B's in-sandbox requests (the `E2b-Sandbox-Id` header, or a Host of
+/// `{port}-{sandboxID}.{domain}`) to the E2B API, before the web-page checks: those
+/// requests carry the sandbox's access token in a header of their own, which no page can
+/// send without a CORS preflight this server never grants.
+async fn route_e2b_sandbox_requests(
+    State(e2b): State<airlock_e2b::E2b>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match airlock_e2b::sandbox_target(request.headers()) {
+        Some(target) => airlock_e2b::serve_sandbox(e2b, target, request).await,
+        None => next.run(request).await,
+    }
 }
 
 /// A JSON response.
@@ -88,7 +153,7 @@ pub fn error_response(status: StatusCode, kind: ErrorKind, message: impl Into<St
 
 fn refusal_response(state: &AppState, refusal: Refusal) -> Response {
     match refusal {
-        Refusal::QueueFull | Refusal::QueueTimeout => {
+        Refusal::QueueFull | Refusal::QueueTimeout | Refusal::TenantQueueFull { .. } => {
             let mut response = error_response(
                 StatusCode::TOO_MANY_REQUESTS,
                 ErrorKind::BackendUnavailable,
@@ -153,7 +218,8 @@ async fn require_token(
             let mut response = error_response(
                 StatusCode::UNAUTHORIZED,
                 ErrorKind::Unauthorized,
-                "a valid bearer token is required (Authorization: Bearer <token>)",
+                "a valid bearer token is required (Authorization: Bearer <token>); the server's \
+                 operator mints one with `airlock token new --tenant NAME --tokens-file FILE`",
             );
             response
                 .headers_mut()
@@ -186,7 +252,8 @@ async fn read_body(state: &AppState, request: Request) -> Result<Bytes, Response
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::InvalidInput,
             format!(
-                "the request body is larger than this server's limit of {} bytes",
+                "the request body is larger than this server's limit of {} bytes \
+                 (airlock serve --max-body)",
                 state.max_body_bytes
             ),
         );
@@ -245,6 +312,7 @@ async fn post_run(
             return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
         }
     };
+    let mut caller = caller_of(request.headers());
     // The body's Content-Type was checked to be application/json (`refuse_web_pages`):
     // `curl -d` and Python's urllib label bodies as forms by default, but accepting a
     // form type would let any web page POST a job without a CORS preflight.
@@ -253,9 +321,9 @@ async fn post_run(
         Err(response) => return response,
     };
     let policy = state.runner.policy(tenant.as_deref());
-    let job = match serde_json::from_slice::<RunRequest>(&body)
+    let job = match RunRequest::from_json(&body)
+        .and_then(|r| r.into_job(&policy))
         .map_err(|e| format!("the body is not a valid run request: {e}"))
-        .and_then(|r| r.into_job(&policy).map_err(|(_, message)| message))
     {
         Ok(job) => job,
         Err(message) => {
@@ -268,13 +336,15 @@ async fn post_run(
         let status = observation_status(&refused.observation, *state.phase.borrow());
         return json_response(status, to_json(&refused.observation));
     }
-    let admitted = match state.runner.admit(tenant.as_deref()).await {
+    let entered_queue = std::time::SystemTime::now();
+    let admitted = match state.runner.admit_job(tenant.as_deref(), Some(&job)).await {
         Ok(admitted) => admitted,
         Err(refusal) => return refusal_response(&state, refusal),
     };
+    caller.queued = Some((entered_queue, std::time::SystemTime::now()));
     let inline_cap = inline_cap(&admitted, &job);
     if stream {
-        return stream_run(&state, admitted, job, inline_cap);
+        return stream_run(&state, admitted, job, inline_cap, caller);
     }
     // The job runs in its own task: if the client goes away (this future is dropped), the
     // guard fires, the job is killed through the engine and still audited.
@@ -282,7 +352,9 @@ async fn post_run(
     let guard = gone.clone().drop_guard();
     let task = state
         .tasks
-        .spawn(async move { admitted.run_until(job, None, gone.cancelled_owned()).await });
+        .spawn(airlock_telemetry::with_caller(caller, async move {
+            admitted.run_until(job, None, gone.cancelled_owned()).await
+        }));
     let result = match task.await {
         Ok(result) => result,
         Err(e) => {
@@ -332,6 +404,19 @@ fn chunk_event(event: &OutputEvent) -> Event {
     )
 }
 
+/// The caller's W3C trace context (`traceparent`, `tracestate`, `baggage`) and tool call
+/// id (`Airlock-Tool-Call-Id`), for the job's span; empty unless telemetry is on.
+fn caller_of(headers: &http::HeaderMap) -> airlock_telemetry::Caller {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    airlock_telemetry::Caller::from_carrier(header)
+        .with_tool_call_id(header(airlock_telemetry::TOOL_CALL_ID_HEADER))
+}
+
 /// Runs an admitted job, answering with server-sent events: output chunks, then the
 /// observation. A client that goes away kills the job.
 fn stream_run(
@@ -339,6 +424,7 @@ fn stream_run(
     admitted: crate::runner::Admitted,
     job: JobRequest,
     inline_cap: Option<u64>,
+    caller: airlock_telemetry::Caller,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Event>(SSE_BUFFER_EVENTS);
     let chunk_tx = tx.clone();
@@ -355,17 +441,19 @@ fn stream_run(
     });
     let closed = tx.clone();
     let phase = state.phase.clone();
-    state.tasks.spawn(async move {
-        // A client that goes away (the stream is dropped) kills the job, which is audited.
-        let gone = async move { closed.closed().await };
-        let observation = finish(admitted.run_until(job, Some(sink), gone).await, inline_cap);
-        tracing::info!(job_id = %observation.job_id, outcome = observation.outcome.as_str(),
+    state
+        .tasks
+        .spawn(airlock_telemetry::with_caller(caller, async move {
+            // A client that goes away (the stream is dropped) kills the job, which is audited.
+            let gone = async move { closed.closed().await };
+            let observation = finish(admitted.run_until(job, Some(sink), gone).await, inline_cap);
+            tracing::info!(job_id = %observation.job_id, outcome = observation.outcome.as_str(),
             status = observation_status(&observation, *phase.borrow()).as_u16(), "run (streamed)");
-        let event = Event::default()
-            .event("observation")
-            .data(String::from_utf8(to_json(&observation)).unwrap_or_default());
-        let _ = tx.send(event).await;
-    });
+            let event = Event::default()
+                .event("observation")
+                .data(String::from_utf8(to_json(&observation)).unwrap_or_default());
+            let _ = tx.send(event).await;
+        }));
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<Event, Infallible>);
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
@@ -377,12 +465,30 @@ fn session_tenant(tenant: &Option<Extension<AuthenticatedTenant>>) -> String {
     crate::runner::session_tenant(tenant.as_ref().map(|Extension(t)| t.0.as_str()))
 }
 
+/// A session route's failure, answered as [`session_error_response`] does: lets a handler
+/// whose every failure is the session manager's use `?`.
+struct SessionFailure(SessionError);
+
+impl From<SessionError> for SessionFailure {
+    fn from(error: SessionError) -> Self {
+        Self(error)
+    }
+}
+
+impl IntoResponse for SessionFailure {
+    fn into_response(self) -> Response {
+        session_error_response(&self.0)
+    }
+}
+
 fn session_error_response(error: &SessionError) -> Response {
     let status = match error {
         SessionError::NotFound(_) => StatusCode::NOT_FOUND,
         e if e.is_missing_file() => StatusCode::NOT_FOUND,
         SessionError::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
-        SessionError::Disabled | SessionError::Unsupported(_) => StatusCode::FORBIDDEN,
+        SessionError::Disabled | SessionError::Unsupported(_) | SessionError::Denied(_) => {
+            StatusCode::FORBIDDEN
+        }
         SessionError::Invalid(_) => StatusCode::BAD_REQUEST,
         SessionError::KernelStart(_) => StatusCode::SERVICE_UNAVAILABLE,
         SessionError::Workspace(e) => match e.kind() {
@@ -441,15 +547,15 @@ async fn get_session(
     State(state): State<AppState>,
     tenant: Option<Extension<AuthenticatedTenant>>,
     Path(id): Path<String>,
-) -> Response {
-    let manager = match state.runner.sessions() {
-        Ok(m) => m,
-        Err(e) => return session_error_response(&e),
-    };
-    match manager.get(&session_tenant(&tenant), &id) {
-        Ok(info) => json_response(StatusCode::OK, to_json(&SessionBody::from(info))),
-        Err(e) => session_error_response(&e),
-    }
+) -> Result<Response, SessionFailure> {
+    let info = state
+        .runner
+        .sessions()?
+        .get(&session_tenant(&tenant), &id)?;
+    Ok(json_response(
+        StatusCode::OK,
+        to_json(&SessionBody::from(info)),
+    ))
 }
 
 /// `DELETE /v1/sessions/{id}`.
@@ -457,15 +563,10 @@ async fn delete_session(
     State(state): State<AppState>,
     tenant: Option<Extension<AuthenticatedTenant>>,
     Path(id): Path<String>,
-) -> Response {
-    let manager = match state.runner.sessions() {
-        Ok(m) => m,
-        Err(e) => return session_error_response(&e),
-    };
-    match manager.delete(&session_tenant(&tenant), &id).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => session_error_response(&e),
-    }
+) -> Result<Response, SessionFailure> {
+    let manager = state.runner.sessions()?;
+    manager.delete(&session_tenant(&tenant), &id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /v1/sessions/{id}/runs`.
@@ -475,13 +576,20 @@ async fn post_session_run(
     Path(id): Path<String>,
     request: Request,
 ) -> Response {
+    let caller = caller_of(request.headers());
+    let stream = match stream_param(request.uri().query()) {
+        Ok(stream) => stream,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, ErrorKind::InvalidInput, message);
+        }
+    };
     let body = match read_body(&state, request).await {
         Ok(body) => body,
         Err(response) => return response,
     };
-    let call = match serde_json::from_slice::<SessionRunRequest>(&body)
+    let call = match airlock_core::request::read_json::<SessionRunRequest>(&body)
+        .and_then(SessionRunRequest::into_call)
         .map_err(|e| format!("the body is not a valid session run request: {e}"))
-        .and_then(|r| r.into_call().map_err(|(_, m)| m))
     {
         Ok(call) => call,
         Err(message) => {
@@ -496,16 +604,31 @@ async fn post_session_run(
         Err(e) => return session_error_response(&e),
     };
     let name = session_tenant(&tenant);
+    if stream {
+        // An unknown session is a 404 before the stream starts.
+        if let Err(e) = manager.get(&name, &id) {
+            return session_error_response(&e);
+        }
+        return stream_session_run(&state, manager, name, id, call, caller);
+    }
     // In its own task: a client that goes away does not cut a call in half (the call is
     // bounded by its wall time and the session's ttl either way).
     let task = state
         .tasks
-        .spawn(async move { manager.run(&name, &id, call).await });
+        .spawn(airlock_telemetry::with_caller(caller, async move {
+            manager.run(&name, &id, call).await
+        }));
     match task.await {
         Ok(Ok(result)) => {
             let response = SessionRunResponse::from(result);
             let status = observation_status(&response.observation, *state.phase.borrow());
-            json_response(status, to_json(&response))
+            // A call refused before it ran (a bad variable name, a wall time above the
+            // ceiling) answers as /v1/runs does: its error observation is the error body.
+            if status == StatusCode::OK {
+                json_response(status, to_json(&response))
+            } else {
+                json_response(status, to_json(&response.observation))
+            }
         }
         Ok(Err(e)) => session_error_response(&e),
         Err(e) => error_response(
@@ -516,7 +639,177 @@ async fn post_session_run(
     }
 }
 
-/// `GET /v1/sessions/{id}/files`.
+/// Runs a session call, answering with server-sent events: `stdout` and `stderr` chunks
+/// as the code writes them (as a streamed job's), `result` events (a kernel call's
+/// results, once it ended), then `session_run` with the whole answer, or `error` with an
+/// error body. A client that goes away does not cut the call in half.
+fn stream_session_run(
+    state: &AppState,
+    manager: Arc<airlock_engine::sessions::SessionManager>,
+    tenant: String,
+    id: String,
+    call: airlock_engine::sessions::SessionCall,
+    caller: airlock_telemetry::Caller,
+) -> Response {
+    use airlock_engine::sessions::{SessionEvent, SessionSink};
+    let (tx, rx) = mpsc::channel::<Event>(SSE_BUFFER_EVENTS);
+    let event_tx = tx.clone();
+    let gap = Arc::new(AtomicBool::new(false));
+    let sink: SessionSink = Arc::new(move |event: SessionEvent| {
+        let event = match event {
+            SessionEvent::Output(output) => {
+                // As for a job: a slow client gets an in-order prefix of the output.
+                if gap.load(Ordering::Relaxed) {
+                    return;
+                }
+                chunk_event(&output)
+            }
+            SessionEvent::Result(result) => Event::default().event("result").data(
+                String::from_utf8(to_json(&crate::api::RichResultBody::from(*result)))
+                    .unwrap_or_default(),
+            ),
+        };
+        if event_tx.try_send(event).is_err() {
+            gap.store(true, Ordering::Relaxed);
+        }
+    });
+    state
+        .tasks
+        .spawn(airlock_telemetry::with_caller(caller, async move {
+            let event = match manager.run_streaming(&tenant, &id, call, Some(sink)).await {
+                Ok(result) => Event::default().event("session_run").data(
+                    String::from_utf8(to_json(&SessionRunResponse::from(result)))
+                        .unwrap_or_default(),
+                ),
+                Err(e) => {
+                    let kind = match &e {
+                        SessionError::NotFound(_) => ErrorKind::InvalidInput,
+                        other => other.kind(),
+                    };
+                    Event::default().event("error").data(
+                        String::from_utf8(to_json(&ErrorBody::new(kind, e.to_string())))
+                            .unwrap_or_default(),
+                    )
+                }
+            };
+            let _ = tx.send(event).await;
+        }));
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<Event, Infallible>);
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
+        .into_response()
+}
+
+/// `POST /v1/sessions/{id}/contexts`: makes a code context in a kernel session.
+async fn post_session_context(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    let body = match read_body(&state, request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let asked = if body.is_empty() {
+        crate::api::CreateContextRequest::default()
+    } else {
+        match serde_json::from_slice::<crate::api::CreateContextRequest>(&body) {
+            Ok(asked) => asked,
+            Err(e) => {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    ErrorKind::InvalidInput,
+                    format!("the body is not a valid context request: {e}"),
+                );
+            }
+        }
+    };
+    let manager = match state.runner.sessions() {
+        Ok(m) => m,
+        Err(e) => return session_error_response(&e),
+    };
+    match manager
+        .create_context(
+            &session_tenant(&tenant),
+            &id,
+            asked.cwd.as_deref(),
+            asked.language.as_deref(),
+        )
+        .await
+    {
+        Ok(context) => json_response(
+            StatusCode::CREATED,
+            to_json(&crate::api::KernelContextBody::from(context)),
+        ),
+        Err(e) => session_error_response(&e),
+    }
+}
+
+/// `GET /v1/sessions/{id}/contexts`.
+async fn list_session_contexts(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path(id): Path<String>,
+) -> Result<Response, SessionFailure> {
+    let manager = state.runner.sessions()?;
+    let contexts: Vec<crate::api::KernelContextBody> = manager
+        .list_contexts(&session_tenant(&tenant), &id)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        to_json(&serde_json::json!({ "contexts": contexts })),
+    ))
+}
+
+/// `POST /v1/sessions/{id}/contexts/{context}/restart`.
+async fn restart_session_context(
+    state: State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path((id, context)): Path<(String, String)>,
+) -> Result<Response, SessionFailure> {
+    on_session_context(state, tenant, id, context, ContextAction::Restart).await
+}
+
+/// `DELETE /v1/sessions/{id}/contexts/{context}`.
+async fn delete_session_context(
+    state: State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    Path((id, context)): Path<(String, String)>,
+) -> Result<Response, SessionFailure> {
+    on_session_context(state, tenant, id, context, ContextAction::Remove).await
+}
+
+/// What a client asks of one of a session's code contexts.
+#[derive(Clone, Copy)]
+enum ContextAction {
+    Restart,
+    Remove,
+}
+
+/// Restarts or removes a context: 204, or the session error's answer.
+async fn on_session_context(
+    State(state): State<AppState>,
+    tenant: Option<Extension<AuthenticatedTenant>>,
+    id: String,
+    context: String,
+    action: ContextAction,
+) -> Result<Response, SessionFailure> {
+    let manager = state.runner.sessions()?;
+    let tenant = session_tenant(&tenant);
+    match action {
+        ContextAction::Restart => manager.restart_context(&tenant, &id, &context).await?,
+        ContextAction::Remove => manager.remove_context(&tenant, &id, &context).await?,
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /v1/sessions/{id}/files`: every name escaped and redacted as `/out`'s are (a file
+/// named after a key is listed as `[REDACTED:…]`); the secrets replaced are counted in the
+/// audit log.
 async fn list_session_files(
     State(state): State<AppState>,
     tenant: Option<Extension<AuthenticatedTenant>>,
@@ -526,24 +819,44 @@ async fn list_session_files(
         Ok(m) => m,
         Err(e) => return session_error_response(&e),
     };
-    match manager.list_files(&session_tenant(&tenant), &id) {
-        Ok(files) => json_response(
-            StatusCode::OK,
-            to_json(&SessionFiles {
-                files: files
-                    .into_iter()
-                    .map(|f| SessionFile {
-                        path: f.path,
-                        bytes: f.bytes,
-                    })
-                    .collect(),
-            }),
-        ),
-        Err(e) => session_error_response(&e),
+    let files = match manager.list_files(&session_tenant(&tenant), &id) {
+        Ok(files) => files,
+        Err(e) => return session_error_response(&e),
+    };
+    let engine = state
+        .runner
+        .session_engine(tenant.as_ref().map(|Extension(t)| t.0.as_str()));
+    let mut shown = Vec::with_capacity(files.len());
+    let mut redactions = 0;
+    for file in files {
+        let Some((path, count)) = engine.shown_workspace_name(&file.path) else {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorKind::Internal,
+                "redaction is unavailable; the session's file names are withheld",
+            );
+        };
+        redactions += count;
+        shown.push(SessionFile {
+            path,
+            bytes: file.bytes,
+        });
     }
+    if redactions > 0 {
+        audit_session_files(
+            &engine,
+            &session_tenant(&tenant),
+            &id,
+            serde_json::json!({"event": "session_files_listed", "redactions": redactions}),
+        );
+    }
+    json_response(StatusCode::OK, to_json(&SessionFiles { files: shown }))
 }
 
-/// `GET /v1/sessions/{id}/files/{path}`: the file's bytes.
+/// `GET /v1/sessions/{id}/files/{path}`: the file's bytes, scanned as a `/out` file is:
+/// text with its secrets replaced (`X-Airlock-Redactions` says how many), a binary with a
+/// secret-shaped string in it, or a file named like a secret, withheld (403, the reason in
+/// the error). Every read is an audit line with its count.
 async fn get_session_file(
     State(state): State<AppState>,
     tenant: Option<Extension<AuthenticatedTenant>>,
@@ -553,17 +866,75 @@ async fn get_session_file(
         Ok(m) => m,
         Err(e) => return session_error_response(&e),
     };
-    match manager.read_file(&session_tenant(&tenant), &id, &path) {
-        Ok(bytes) => {
-            let mut response = (StatusCode::OK, bytes).into_response();
+    let bytes = match manager.read_file(&session_tenant(&tenant), &id, &path) {
+        Ok(bytes) => bytes,
+        Err(e) => return session_error_response(&e),
+    };
+    let engine = state
+        .runner
+        .session_engine(tenant.as_ref().map(|Extension(t)| t.0.as_str()));
+    let read = bytes.len() as u64;
+    let shown_path = engine
+        .shown_workspace_name(&path)
+        .map(|(shown, _)| shown)
+        .unwrap_or_default();
+    let line = |redactions: u64, withheld: Option<&str>| {
+        serde_json::json!({
+            "event": "session_file_read",
+            "path": shown_path,
+            "bytes": read,
+            "redactions": redactions,
+            "withheld": withheld,
+        })
+    };
+    match engine.release_workspace_file(&path, bytes) {
+        WorkspaceFileRelease::Released {
+            content,
+            redactions,
+        } => {
+            audit_session_files(
+                &engine,
+                &session_tenant(&tenant),
+                &id,
+                line(redactions, None),
+            );
+            let mut response = (StatusCode::OK, content).into_response();
             response.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             );
             response
+                .headers_mut()
+                .insert(REDACTIONS_HEADER, HeaderValue::from(redactions));
+            response
         }
-        Err(e) => session_error_response(&e),
+        WorkspaceFileRelease::Withheld { reason, secrets } => {
+            audit_session_files(
+                &engine,
+                &session_tenant(&tenant),
+                &id,
+                line(secrets, Some(&reason)),
+            );
+            error_response(
+                StatusCode::FORBIDDEN,
+                ErrorKind::PolicyDenied,
+                format!("{shown_path}: withheld: {reason}"),
+            )
+        }
     }
+}
+
+/// The header of a session file read that counts the secrets replaced in it.
+const REDACTIONS_HEADER: &str = "x-airlock-redactions";
+
+/// Appends an audit line about what the host handed back from a session's workspace.
+fn audit_session_files(
+    engine: &airlock_engine::Engine,
+    tenant: &str,
+    id: &str,
+    line: serde_json::Value,
+) {
+    engine.audit_workspace_access(id, tenant, line);
 }
 
 /// `PUT /v1/sessions/{id}/files/{path}`: the body is the file's bytes.
@@ -616,6 +987,15 @@ async fn get_health(State(state): State<AppState>) -> Response {
 async fn get_metrics(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
     if let Some(stats) = state.runner.warm_pool_stats() {
         state.runner.metrics().warm_pool(stats);
+    }
+    state.runner.metrics().audit(&state.runner.audit_health());
+    if state.runner.metrics().root_cache_due() {
+        // A walk of the cache's tree: off the async threads.
+        if let Ok((bytes, copies)) =
+            tokio::task::spawn_blocking(airlock_engine::root_cache_usage).await
+        {
+            state.runner.metrics().root_cache(bytes, copies);
+        }
     }
     let format = ExpositionFormat::negotiate(
         headers
@@ -755,35 +1135,12 @@ pub fn router(
     unauthenticated_port: Option<u16>,
 ) -> Router {
     let executor: Arc<dyn airlock_mcp::Executor> = state.runner.clone();
-    // rmcp's own Host check is off: `refuse_web_pages` checks Host and Origin on every
-    // route, /mcp included, with the listening port; with tokens a page cannot call in
-    // anyway, and real host names must work. Sessions are kept for clients of protocol
-    // versions before 2026-07-28, whose cancellations arrive on a POST of their own (see
-    // mcp_sessions.rs); newer ones are served statelessly.
-    let mcp_config = StreamableHttpServerConfig::default()
-        .with_legacy_session_mode(true)
-        .with_json_response(true)
-        .with_cancellation_token(mcp_cancel)
-        .with_max_request_body_bytes(state.max_body_bytes)
-        .disable_allowed_hosts();
-    let sessions = Arc::new(crate::mcp_sessions::BoundedSessions::default());
-    let mcp = StreamableHttpService::new(
-        move || Ok(RunCodeServer::new(executor.clone())),
-        sessions.clone(),
-        mcp_config,
+    let a2a = airlock_a2a::A2aAgent::new(
+        executor.clone(),
+        state.tokens.is_some(),
+        state.max_body_bytes,
     );
-    let max_body_bytes = state.max_body_bytes;
-    let mcp = tower::Layer::layer(
-        &axum::middleware::from_fn(move |request, next| {
-            crate::mcp_sessions::cancel_on_disconnect(
-                sessions.clone(),
-                max_body_bytes,
-                request,
-                next,
-            )
-        }),
-        mcp,
-    );
+    let mcp = crate::mcp_sessions::mcp_router(executor, mcp_cancel, state.max_body_bytes);
     let protected = Router::new()
         .route("/v1/runs", post(post_run))
         .route("/v1/sessions", post(post_session))
@@ -791,27 +1148,46 @@ pub fn router(
         .route("/v1/sessions/{id}/runs", post(post_session_run))
         .route("/v1/sessions/{id}/files", get(list_session_files))
         .route(
+            "/v1/sessions/{id}/contexts",
+            get(list_session_contexts).post(post_session_context),
+        )
+        .route(
+            "/v1/sessions/{id}/contexts/{context}",
+            axum::routing::delete(delete_session_context),
+        )
+        .route(
+            "/v1/sessions/{id}/contexts/{context}/restart",
+            post(restart_session_context),
+        )
+        .route(
             "/v1/sessions/{id}/files/{*path}",
             get(get_session_file).put(put_session_file),
         )
         .route("/v1/tool-schema", get(get_tool_schema))
         .route("/metrics", get(get_metrics))
-        .route_service("/mcp", mcp)
+        .merge(mcp)
+        .merge(airlock_a2a::rpc_router(a2a.clone()))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,
         ));
     let public = Router::new()
         .route("/v1/health", get(get_health))
-        .route("/v1/openapi.json", get(get_openapi));
+        .route("/v1/openapi.json", get(get_openapi))
+        .merge(airlock_a2a::card_router(a2a));
     protected
         .merge(public)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state.clone())
+        .merge(airlock_e2b::control::router(state.e2b.clone()))
         .layer(axum::middleware::from_fn_with_state(
             (unauthenticated_port, state.runner.metrics().clone()),
             refuse_web_pages,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.e2b.clone(),
+            route_e2b_sandbox_requests,
         ))
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
@@ -824,9 +1200,12 @@ pub fn router(
         )
         // Outermost: whatever logs a request sees Authorization as "Sensitive".
         .layer(
-            tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new(std::iter::once(
+            tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
                 AUTHORIZATION,
-            )),
+                http::HeaderName::from_static("x-api-key"),
+                http::HeaderName::from_static("x-access-token"),
+                http::HeaderName::from_static("e2b-traffic-access-token"),
+            ]),
         )
 }
 

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod fair;
 pub mod http;
 pub mod listener;
 pub mod local;
@@ -144,11 +145,34 @@ pub async fn serve(
         phase_rx.clone(),
         backends,
     )?);
+    // The same registry `/metrics` renders, read again at each OTLP export (when the
+    // OTEL_* variables turned export on): one set of counting, two ways out.
+    let weak_runner = Arc::downgrade(&runner);
+    airlock_telemetry::register_openmetrics_source(move || {
+        weak_runner
+            .upgrade()
+            .map(|runner| {
+                if let Some(stats) = runner.warm_pool_stats() {
+                    runner.metrics().warm_pool(stats);
+                }
+                runner
+                    .metrics()
+                    .render(metrics::ExpositionFormat::OpenMetrics)
+            })
+            .unwrap_or_default()
+    });
     let tasks = TaskTracker::new();
     let mcp_cancel = CancellationToken::new();
+    let tokens = config.tokens.map(Arc::new);
+    let e2b = airlock_e2b::E2b::start(Arc::new(http::E2bServerHost {
+        runner: runner.clone(),
+        tokens: tokens.clone(),
+        max_body_bytes: config.max_body_bytes,
+        body_timeout: config.body_timeout,
+    }));
     let state = http::AppState {
         runner: runner.clone(),
-        tokens: config.tokens.map(Arc::new),
+        tokens,
         max_body_bytes: config.max_body_bytes,
         body_timeout: config.body_timeout,
         phase: phase_rx,
@@ -156,6 +180,7 @@ pub async fn serve(
         openapi: serde_json::to_vec(&openapi::document())
             .unwrap_or_default()
             .into(),
+        e2b: e2b.clone(),
     };
     let listener = TcpListener::bind(config.listen)
         .await
@@ -215,6 +240,7 @@ pub async fn serve(
             tracing::error!("connections still open after the jobs were killed; exiting anyway");
         }
     }
+    e2b.shutdown().await;
     runner.shutdown_sessions().await;
     runner.shutdown_backends().await;
     tracing::info!("stopped");

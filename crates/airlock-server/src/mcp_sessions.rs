@@ -11,14 +11,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use airlock_mcp::{Executor, RunCodeServer};
 use futures_util::Stream;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
-use rmcp::transport::streamable_http_server::RestoreOutcome;
 use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError,
 };
 use rmcp::transport::streamable_http_server::session::{
     EventStore, ServerSseMessage, SessionId, SessionManager,
+};
+use rmcp::transport::streamable_http_server::{
+    RestoreOutcome, StreamableHttpServerConfig, StreamableHttpService,
 };
 
 /// Most MCP sessions open at once; a client past it is refused until one ends.
@@ -243,7 +246,10 @@ pub async fn cancel_on_disconnect(
             return crate::http::error_response(
                 http::StatusCode::PAYLOAD_TOO_LARGE,
                 airlock_core::ErrorKind::InvalidInput,
-                format!("the request body is larger than {max_body_bytes} bytes"),
+                format!(
+                    "the request body is larger than this server's limit of {max_body_bytes} \
+                     bytes (airlock serve --max-body)"
+                ),
             );
         }
     };
@@ -270,4 +276,164 @@ pub async fn cancel_on_disconnect(
         }),
     };
     axum::response::Response::from_parts(parts, axum::body::Body::new(body))
+}
+
+/// The `/mcp` route: rmcp's streamable-HTTP service over [`BoundedSessions`], with
+/// [`cancel_on_disconnect`] and [`session_end_is_no_content`] around it. Authentication is
+/// the caller's layer. `cancel` ends every MCP call (shutdown).
+pub fn mcp_router<S: Clone + Send + Sync + 'static>(
+    executor: Arc<dyn Executor>,
+    cancel: tokio_util::sync::CancellationToken,
+    max_body_bytes: usize,
+) -> axum::Router<S> {
+    // rmcp's own Host check is off: the server's `refuse_web_pages` checks Host and Origin
+    // on every route, /mcp included, with the listening port; with tokens a page cannot
+    // call in anyway, and real host names must work. Sessions are kept for clients of
+    // protocol versions before 2026-07-28, whose cancellations arrive on a POST of their
+    // own (see the module's doc); newer ones are served statelessly.
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(true)
+        .with_json_response(true)
+        .with_cancellation_token(cancel.clone())
+        .with_max_request_body_bytes(max_body_bytes)
+        .disable_allowed_hosts();
+    let sessions = Arc::new(BoundedSessions::default());
+    // One store of jobs' /out files for every session: a file is read back on a later
+    // request, in another session or statelessly.
+    let resources = Arc::new(airlock_mcp::OutResources::default());
+    // One store of tasks too, each owned by the tenant that made it: a task is polled on
+    // later requests. Shutdown cancels the running ones (their jobs are killed).
+    let tasks = Arc::new(airlock_mcp::TaskStore::new(cancel.clone()));
+    let service = StreamableHttpService::new(
+        move || {
+            Ok(RunCodeServer::with_stores(
+                executor.clone(),
+                resources.clone(),
+                tasks.clone(),
+            ))
+        },
+        sessions.clone(),
+        config,
+    );
+    axum::Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn(move |request, next| {
+            cancel_on_disconnect(sessions.clone(), max_body_bytes, request, next)
+        }))
+        .layer(axum::middleware::from_fn(session_end_is_no_content))
+}
+
+/// Middleware for `/mcp`: a `DELETE` that ended a session answers 204 No Content, not
+/// rmcp's 202 Accepted. The official `mcp` Python client (1.x and 2.x) takes only 200 or
+/// 204 as a successful termination and logs `Session termination failed: 202` on every
+/// close otherwise; the session is gone either way, and 204 says exactly that.
+pub async fn session_end_is_no_content(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let delete = request.method() == http::Method::DELETE;
+    let response = next.run(request).await;
+    if !delete || response.status() != http::StatusCode::ACCEPTED {
+        return response;
+    }
+    let (mut parts, _) = response.into_parts();
+    parts.status = http::StatusCode::NO_CONTENT;
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    parts.headers.remove(http::header::CONTENT_TYPE);
+    axum::response::Response::from_parts(parts, axum::body::Body::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_core::{BoxFuture, JobRequest, JobResult, Policy};
+    use tower::ServiceExt;
+
+    /// An executor that is never asked to run a job (the tests here only manage sessions).
+    struct NoJobs(Arc<Policy>);
+
+    impl Executor for NoJobs {
+        fn policy(&self, _tenant: Option<&str>) -> Arc<Policy> {
+            self.0.clone()
+        }
+        fn run(&self, request: JobRequest, _tenant: Option<String>) -> BoxFuture<'_, JobResult> {
+            let version = self.0.version.clone();
+            Box::pin(async move {
+                airlock_mcp::observation_only(airlock_engine::early_error(
+                    airlock_core::ErrorKind::Internal,
+                    format!("no job runs here ({} bytes)", request.source.len()),
+                    &version,
+                ))
+            })
+        }
+    }
+
+    fn router() -> axum::Router {
+        mcp_router(
+            Arc::new(NoJobs(Arc::new(Policy::builtin()))),
+            tokio_util::sync::CancellationToken::new(),
+            1 << 20,
+        )
+    }
+
+    async fn send(
+        router: &axum::Router,
+        method: http::Method,
+        session: Option<&str>,
+        body: Option<serde_json::Value>,
+    ) -> axum::response::Response {
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri("/mcp")
+            .header("host", "127.0.0.1")
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .header("mcp-protocol-version", "2025-06-18");
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        let body = body.map_or_else(axum::body::Body::empty, |b| {
+            axum::body::Body::from(b.to_string())
+        });
+        router
+            .clone()
+            .oneshot(request.body(body).unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Issue 30 item 5: rmcp answers a session's DELETE with 202, which the official
+    /// Python client logs as a failed termination; /mcp answers 204, and the session is
+    /// gone.
+    #[tokio::test]
+    async fn ending_a_session_answers_204_and_ends_it() {
+        let router = router();
+        let initialize = serde_json::json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "test", "version": "0"}}
+        });
+        let response = send(&router, http::Method::POST, None, Some(initialize)).await;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(status, http::StatusCode::OK, "{body:?}");
+        let session = headers
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap()
+            .to_owned();
+        let response = send(&router, http::Method::DELETE, Some(&session), None).await;
+        assert_eq!(response.status(), http::StatusCode::NO_CONTENT);
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+        assert!(body.is_empty());
+        // The session is gone: a request in it is refused.
+        let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+        let again = send(&router, http::Method::POST, Some(&session), Some(list)).await;
+        assert_eq!(again.status(), http::StatusCode::NOT_FOUND);
+    }
 }

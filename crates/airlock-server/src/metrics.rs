@@ -12,6 +12,9 @@ use prometheus_client::registry::Registry;
 
 use airlock_core::{Observation, WarmPoolStats};
 
+/// How often `/metrics` measures the root cache (a walk of its tree).
+pub const ROOT_CACHE_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `outcome` and `backend` of a finished job.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {
@@ -31,7 +34,7 @@ pub struct StreamLabels {
 /// Why a request was turned away before it ran.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
-    /// `queue_full`, `shutting_down`, `unauthorized`, `body_too_large`, `bad_request`,
+    /// `queue_full`, `tenant_queue_full`, `shutting_down`, `unauthorized`, `body_too_large`, `bad_request`,
     /// `foreign_host` (a foreign Host or Origin without tokens), `not_json`.
     pub reason: String,
 }
@@ -62,6 +65,13 @@ pub struct Metrics {
     warm_zygote: Family<WarmLabels, Counter>,
     /// The pool figures last copied into the counters.
     warm_seen: std::sync::Mutex<WarmPoolStats>,
+    audit_writable: Gauge<i64, AtomicI64>,
+    audit_unsettled: Gauge<i64, AtomicI64>,
+    audit_write_failures: Gauge<i64, AtomicI64>,
+    root_cache_bytes: Gauge<i64, AtomicI64>,
+    root_cache_copies: Gauge<i64, AtomicI64>,
+    /// When the root cache was last measured (a walk of its tree: not on every scrape).
+    root_cache_measured: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Default for Metrics {
@@ -120,6 +130,37 @@ impl Metrics {
             "Requests turned away before running, by reason",
             rejected.clone(),
         );
+        let audit_writable = Gauge::<i64, AtomicI64>::default();
+        let audit_unsettled = Gauge::<i64, AtomicI64>::default();
+        let audit_write_failures = Gauge::<i64, AtomicI64>::default();
+        audit_writable.set(1);
+        registry.register(
+            "audit_writable",
+            "1 while the audit log takes every line; 0 when a write failed (a full disk, an I/O error, read-only): new jobs are then refused until it recovers",
+            audit_writable.clone(),
+        );
+        registry.register(
+            "audit_unsettled_jobs",
+            "Jobs that ended while the audit log could not take their line: written before the next job runs",
+            audit_unsettled.clone(),
+        );
+        registry.register(
+            "audit_write_failures",
+            "Writes to the audit log or its write-ahead records that failed since the server started",
+            audit_write_failures.clone(),
+        );
+        let root_cache_bytes = Gauge::<i64, AtomicI64>::default();
+        let root_cache_copies = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "root_cache_bytes",
+            "Bytes of the native backend's prepared minimal roots under the cache directory (measured at most every ROOT_CACHE_REFRESH)",
+            root_cache_bytes.clone(),
+        );
+        registry.register(
+            "root_cache_copies",
+            "Prepared minimal root copies under the cache directory (one per root shape, plus any a running sandbox still mounts)",
+            root_cache_copies.clone(),
+        );
         let warm_ready = Gauge::<i64, AtomicI64>::default();
         let warm_jobs = Family::<WarmLabels, Counter>::default();
         let warm_sandboxes = Family::<WarmLabels, Counter>::default();
@@ -151,6 +192,12 @@ impl Metrics {
             warm_sandboxes,
             warm_zygote,
             warm_seen: std::sync::Mutex::new(WarmPoolStats::default()),
+            audit_writable,
+            audit_unsettled,
+            audit_write_failures,
+            root_cache_bytes,
+            root_cache_copies,
+            root_cache_measured: std::sync::Mutex::new(None),
             jobs,
             duration,
             queue_wait,
@@ -206,6 +253,46 @@ impl Metrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+
+    /// Copies the audit logs' health (every policy's log) into the series.
+    pub fn audit(&self, health: &[airlock_engine::audit::AuditHealth]) {
+        self.audit_writable
+            .set(i64::from(health.iter().all(|h| h.writable)));
+        self.audit_unsettled.set(
+            health
+                .iter()
+                .map(|h| i64::try_from(h.unsettled).unwrap_or(i64::MAX))
+                .sum(),
+        );
+        self.audit_write_failures.set(
+            health
+                .iter()
+                .map(|h| i64::try_from(h.write_failures).unwrap_or(i64::MAX))
+                .sum(),
+        );
+    }
+
+    /// Whether the root cache is due for measuring (never measured, or not within
+    /// [`ROOT_CACHE_REFRESH`]); a true answer counts as the start of a measurement.
+    pub fn root_cache_due(&self) -> bool {
+        let Ok(mut measured) = self.root_cache_measured.lock() else {
+            return false;
+        };
+        let now = std::time::Instant::now();
+        if measured.is_some_and(|at| now.duration_since(at) < ROOT_CACHE_REFRESH) {
+            return false;
+        }
+        *measured = Some(now);
+        true
+    }
+
+    /// Records the root cache's size.
+    pub fn root_cache(&self, bytes: u64, copies: u64) {
+        self.root_cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.root_cache_copies
+            .set(i64::try_from(copies).unwrap_or(i64::MAX));
     }
 
     /// Copies the warm pools' figures (summed over every policy's pool) into the series.

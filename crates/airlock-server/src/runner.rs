@@ -1,5 +1,5 @@
 //! Admission and execution: a fixed number of jobs in flight, a bounded queue, per-tenant
-//! limits, one engine per distinct policy, and the shutdown phases that first refuse
+//! bounds on both shared fairly (crate::fair), one engine per distinct policy, and the shutdown phases that first refuse
 //! queued jobs and then kill running ones.
 
 use std::collections::HashMap;
@@ -16,10 +16,11 @@ use airlock_engine::sessions::{
     SessionCall, SessionError, SessionInfo, SessionManager, SessionRunResult,
 };
 use airlock_engine::{AuditLog, Engine, LoadedPolicy, OutputSink};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 
 use crate::auth::TenantConfig;
 use crate::error::ServerError;
+use crate::fair::{Acquire, FairSlots, QueueRefusal, SlotPermit, TenantBounds};
 use crate::metrics::Metrics;
 
 /// A job may run this much longer than its policy's wall-time ceiling (sandbox setup and
@@ -46,6 +47,12 @@ pub enum Refusal {
     QueueTimeout,
     /// The server is shutting down.
     ShuttingDown,
+    /// The tenant already has `limit` jobs waiting, the most its policy's
+    /// `admission.max_queued_per_tenant` allows.
+    TenantQueueFull {
+        /// The tenant's bound.
+        limit: u32,
+    },
 }
 
 impl Refusal {
@@ -55,15 +62,22 @@ impl Refusal {
             Refusal::QueueFull => "queue_full",
             Refusal::QueueTimeout => "queue_timeout",
             Refusal::ShuttingDown => "shutting_down",
+            Refusal::TenantQueueFull { .. } => "tenant_queue_full",
         }
     }
 
     /// For a human.
-    pub fn message(self) -> &'static str {
+    pub fn message(self) -> String {
         match self {
-            Refusal::QueueFull => "every job slot is busy and the queue is full; retry later",
-            Refusal::QueueTimeout => "the job waited too long for a slot; retry later",
-            Refusal::ShuttingDown => "airlock is shutting down",
+            Refusal::QueueFull => {
+                "every job slot is busy and the server's queue is full; retry later".to_owned()
+            }
+            Refusal::QueueTimeout => "the job waited too long for a slot; retry later".to_owned(),
+            Refusal::ShuttingDown => "airlock is shutting down".to_owned(),
+            Refusal::TenantQueueFull { limit } => format!(
+                "this tenant already has {limit} jobs waiting for a slot, the most its policy \
+                 allows (admission.max_queued_per_tenant = {limit}); retry later"
+            ),
         }
     }
 }
@@ -83,11 +97,15 @@ pub struct Admission {
 struct PolicyEngine {
     engine: Arc<Engine>,
     policy: Arc<Policy>,
+    /// The engines of the policy's E2B templates that have their own root or memory
+    /// (`[e2b.templates.NAME] rootfs`, `memory`), by template name.
+    templates: HashMap<String, Arc<Engine>>,
 }
 
 struct TenantState {
     engine: Arc<PolicyEngine>,
-    limit: Option<Arc<Semaphore>>,
+    /// The tokens file's `max_in_flight` for the tenant.
+    max_in_flight: Option<usize>,
 }
 
 /// Makes the backend for a policy.
@@ -114,9 +132,8 @@ pub fn open_backend(
 pub struct Runner {
     default: Arc<PolicyEngine>,
     tenants: HashMap<String, TenantState>,
-    slots: Arc<Semaphore>,
+    slots: Arc<FairSlots>,
     admission: Admission,
-    queued: AtomicUsize,
     in_flight: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     phase: watch::Receiver<Phase>,
@@ -134,11 +151,12 @@ impl std::fmt::Debug for Runner {
     }
 }
 
-fn build_engine(
+/// The engine of one policy (no templates of its own).
+fn open_engine(
     loaded: LoadedPolicy,
     kind: BackendKind,
     backends: &BackendFactory,
-) -> Result<PolicyEngine, ServerError> {
+) -> Result<Engine, ServerError> {
     let audit = AuditLog::open(&loaded.audit_path(), loaded.policy.audit.fsync)
         .map_err(ServerError::OpenAudit)?;
     let backend = backends(&loaded);
@@ -146,10 +164,40 @@ fn build_engine(
         tracing::error!(policy = %loaded.origin(), kind = %e.kind, error = %e.message,
             "backend unavailable: jobs under this policy will fail with backend_unavailable");
     }
+    Ok(Engine::new(loaded.policy, kind, backend, audit))
+}
+
+fn build_engine(
+    loaded: LoadedPolicy,
+    kind: BackendKind,
+    backends: &BackendFactory,
+) -> Result<PolicyEngine, ServerError> {
+    let mut templates = HashMap::new();
+    for name in loaded.policy.e2b.templates.keys() {
+        let derived = loaded
+            .policy
+            .for_e2b_template(name, &loaded.origin())
+            .map_err(|e| ServerError::LoadPolicy(e.into()))?;
+        if let Some(policy) = derived {
+            // The same audit log (the path is the policy file's): a template's sandboxes
+            // are audited with the policy's, their lines naming the template.
+            let template = LoadedPolicy {
+                policy,
+                path: loaded.path.clone(),
+            };
+            tracing::info!(template = %name, rootfs = %template.policy.filesystem.rootfs,
+                memory = %template.policy.limits.memory, "E2B template with its own engine");
+            templates.insert(
+                name.clone(),
+                Arc::new(open_engine(template, kind, backends)?),
+            );
+        }
+    }
     let policy = Arc::new(loaded.policy.clone());
     Ok(PolicyEngine {
-        engine: Arc::new(Engine::new(loaded.policy, kind, backend, audit)),
+        engine: Arc::new(open_engine(loaded, kind, backends)?),
         policy,
+        templates,
     })
 }
 
@@ -189,16 +237,15 @@ impl Runner {
                 tenant.name.clone(),
                 TenantState {
                     engine,
-                    limit: tenant.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+                    max_in_flight: tenant.max_in_flight,
                 },
             );
         }
         Ok(Self {
             default,
             tenants: states,
-            slots: Arc::new(Semaphore::new(admission.max_in_flight.max(1))),
+            slots: FairSlots::new(admission.max_in_flight.max(1), admission.queue),
             admission,
-            queued: AtomicUsize::new(0),
             in_flight: Arc::new(AtomicUsize::new(0)),
             metrics,
             phase,
@@ -220,6 +267,17 @@ impl Runner {
     /// The engine a tenant's sessions run on.
     pub fn session_engine(&self, tenant: Option<&str>) -> Arc<Engine> {
         self.state(tenant).0.engine.clone()
+    }
+
+    /// The engine the sandboxes of a tenant's E2B template run on: the template's own
+    /// (its root, its memory) when it has one, else the tenant's session engine.
+    pub fn template_engine(&self, tenant: Option<&str>, template: &str) -> Arc<Engine> {
+        let policy_engine = &self.state(tenant).0;
+        policy_engine
+            .templates
+            .get(template)
+            .unwrap_or(&policy_engine.engine)
+            .clone()
     }
 
     /// Ends every open session (server shutdown).
@@ -245,13 +303,28 @@ impl Runner {
     pub async fn shutdown_backends(&self) {
         for engine in self.engines() {
             engine.engine.shutdown().await;
+            for template in engine.templates.values() {
+                template.shutdown().await;
+            }
         }
+    }
+
+    /// The health of each distinct audit log's writes.
+    pub fn audit_health(&self) -> Vec<airlock_engine::audit::AuditHealth> {
+        self.engines()
+            .iter()
+            .map(|e| e.engine.audit().health())
+            .collect()
     }
 
     /// The warm pools' figures summed, when any policy keeps warm sandboxes.
     pub fn warm_pool_stats(&self) -> Option<WarmPoolStats> {
         let mut total: Option<WarmPoolStats> = None;
-        for stats in self.engines().iter().filter_map(|e| e.engine.warm_pool()) {
+        let engines = self.engines();
+        let all = engines
+            .iter()
+            .flat_map(|e| std::iter::once(&e.engine).chain(e.templates.values()));
+        for stats in all.filter_map(|e| e.warm_pool()) {
             total.get_or_insert_with(WarmPoolStats::default).add(&stats);
         }
         total
@@ -269,7 +342,7 @@ impl Runner {
 
     /// Jobs waiting now.
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Relaxed)
+        self.slots.waiting()
     }
 
     /// The metrics.
@@ -277,10 +350,25 @@ impl Runner {
         &self.metrics
     }
 
-    fn state(&self, tenant: Option<&str>) -> (&Arc<PolicyEngine>, Option<&Arc<Semaphore>>) {
+    fn state(&self, tenant: Option<&str>) -> (&Arc<PolicyEngine>, TenantBounds) {
         match tenant.and_then(|t| self.tenants.get(t)) {
-            Some(state) => (&state.engine, state.limit.as_ref()),
-            None => (&self.default, None),
+            Some(state) => {
+                let policy = &state.engine.policy.admission;
+                let from_policy =
+                    usize::try_from(policy.max_in_flight_per_tenant).unwrap_or(usize::MAX);
+                (
+                    &state.engine,
+                    TenantBounds {
+                        max_running: state
+                            .max_in_flight
+                            .map_or(from_policy, |n| n.min(from_policy)),
+                        max_waiting: usize::try_from(policy.max_queued_per_tenant)
+                            .unwrap_or(usize::MAX),
+                    },
+                )
+            }
+            // Without tokens there is one caller: only the server's own sizes bound it.
+            None => (&self.default, TenantBounds::UNBOUNDED),
         }
     }
 
@@ -295,37 +383,54 @@ impl Runner {
 
     /// Waits for a job slot (and the tenant's own), in the bounded queue when none is free.
     pub async fn admit(&self, tenant: Option<&str>) -> Result<Admitted, Refusal> {
-        let result = self.admit_inner(tenant).await;
+        self.admit_job(tenant, None).await
+    }
+
+    /// Like [`Runner::admit`], for `request`: when it has to wait in the queue, its
+    /// write-ahead audit record is written before it waits (so a server killed meanwhile
+    /// still leaves its one `interrupted` line), and it runs under the id given there.
+    pub async fn admit_job(
+        &self,
+        tenant: Option<&str>,
+        request: Option<&JobRequest>,
+    ) -> Result<Admitted, Refusal> {
+        let result = self.admit_inner(tenant, request).await;
         if let Err(refusal) = &result {
             self.metrics.rejected(refusal.as_str());
         }
         result
     }
 
-    async fn admit_inner(&self, tenant: Option<&str>) -> Result<Admitted, Refusal> {
+    async fn admit_inner(
+        &self,
+        tenant: Option<&str>,
+        request: Option<&JobRequest>,
+    ) -> Result<Admitted, Refusal> {
         if self.phase() != Phase::Serving {
             return Err(Refusal::ShuttingDown);
         }
-        let (engine, limit) = self.state(tenant);
+        let (engine, bounds) = self.state(tenant);
         let started = Instant::now();
-        let permits = match self.try_permits(limit) {
-            Some(permits) => permits,
-            None => {
-                let _queued = self.enter_queue()?;
-                let wait = async {
-                    let tenant_permit = match limit {
-                        Some(sem) => Some(sem.clone().acquire_owned().await),
-                        None => None,
-                    };
-                    let slot = self.slots.clone().acquire_owned().await;
-                    (tenant_permit, slot)
-                };
+        let acquired = self
+            .slots
+            .try_acquire(tenant.unwrap_or(""), bounds)
+            .map_err(|refusal| match refusal {
+                QueueRefusal::ServerQueueFull => Refusal::QueueFull,
+                QueueRefusal::TenantQueueFull => Refusal::TenantQueueFull {
+                    limit: engine.policy.admission.max_queued_per_tenant,
+                },
+            })?;
+        let mut queued_job = None;
+        let permit = match acquired {
+            Acquire::Granted(permit) => permit,
+            Acquire::Queued(waiting) => {
+                let _queued = QueueGauge::enter(&self.metrics);
+                // Dropped with this future if the job leaves the queue unrun: its record
+                // is withdrawn then.
+                queued_job = request.and_then(|r| engine.engine.accept_queued(r, tenant));
                 let mut phase = self.phase.clone();
                 tokio::select! {
-                    (tenant_permit, slot) = wait => match (tenant_permit.transpose(), slot) {
-                        (Ok(t), Ok(s)) => (t, s),
-                        _ => return Err(Refusal::ShuttingDown),
-                    },
+                    permit = waiting.granted() => permit,
                     _ = phase.wait_for(|p| *p != Phase::Serving) => return Err(Refusal::ShuttingDown),
                     _ = tokio::time::sleep(self.admission.queue_wait_max) => return Err(Refusal::QueueTimeout),
                 }
@@ -340,30 +445,9 @@ impl Runner {
             phase: self.phase.clone(),
             engine: engine.clone(),
             tenant: tenant.map(str::to_owned),
-            _permits: permits,
+            queued: queued_job,
+            _permit: permit,
         })
-    }
-
-    fn try_permits(
-        &self,
-        limit: Option<&Arc<Semaphore>>,
-    ) -> Option<(Option<OwnedSemaphorePermit>, OwnedSemaphorePermit)> {
-        let tenant_permit = match limit {
-            Some(sem) => Some(sem.clone().try_acquire_owned().ok()?),
-            None => None,
-        };
-        let slot = self.slots.clone().try_acquire_owned().ok()?;
-        Some((tenant_permit, slot))
-    }
-
-    fn enter_queue(&self) -> Result<QueueGuard<'_>, Refusal> {
-        self.queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.admission.queue).then_some(n + 1)
-            })
-            .map_err(|_| Refusal::QueueFull)?;
-        self.metrics.queue_depth().inc();
-        Ok(QueueGuard { runner: self })
     }
 
     /// When the policy refuses `request` outright, its (audited) error observation,
@@ -397,18 +481,31 @@ impl Runner {
         request: JobRequest,
         sink: Option<OutputSink>,
     ) -> Result<JobResult, Refusal> {
-        Ok(self.admit(tenant).await?.run(request, sink).await)
+        Ok(self
+            .admit_job(tenant, Some(&request))
+            .await?
+            .run(request, sink)
+            .await)
     }
 }
 
-struct QueueGuard<'a> {
-    runner: &'a Runner,
+/// Counts a job in the queue-depth gauge while it waits.
+struct QueueGauge {
+    metrics: Arc<Metrics>,
 }
 
-impl Drop for QueueGuard<'_> {
+impl QueueGauge {
+    fn enter(metrics: &Arc<Metrics>) -> Self {
+        metrics.queue_depth().inc();
+        Self {
+            metrics: metrics.clone(),
+        }
+    }
+}
+
+impl Drop for QueueGauge {
     fn drop(&mut self) {
-        self.runner.queued.fetch_sub(1, Ordering::AcqRel);
-        self.runner.metrics.queue_depth().dec();
+        self.metrics.queue_depth().dec();
     }
 }
 
@@ -419,7 +516,9 @@ pub struct Admitted {
     phase: watch::Receiver<Phase>,
     engine: Arc<PolicyEngine>,
     tenant: Option<String>,
-    _permits: (Option<OwnedSemaphorePermit>, OwnedSemaphorePermit),
+    /// The write-ahead record written while the job waited in the queue.
+    queued: Option<airlock_engine::QueuedJob>,
+    _permit: SlotPermit,
 }
 
 impl Drop for Admitted {
@@ -453,7 +552,7 @@ impl Admitted {
     /// Like [`Admitted::run`], also killing the job when `client_gone` completes. Use
     /// this rather than dropping the future: a killed job is still audited.
     pub async fn run_until(
-        self,
+        mut self,
         request: JobRequest,
         sink: Option<OutputSink>,
         client_gone: impl std::future::Future<Output = ()>,
@@ -471,7 +570,13 @@ impl Admitted {
         let (result, teardown) = self
             .engine
             .engine
-            .run_detached(request, self.tenant.clone(), interrupt, sink)
+            .run_detached_queued(
+                request,
+                self.tenant.clone(),
+                self.queued.take(),
+                interrupt,
+                sink,
+            )
             .await;
         self.metrics
             .job_finished(&result.observation, started.elapsed().as_secs_f64());
@@ -508,15 +613,17 @@ impl airlock_mcp::Executor for Runner {
         Runner::policy(self, tenant)
     }
 
+    fn keeps_sessions(&self) -> bool {
+        true
+    }
+
     fn session_start(
         &self,
         tenant: Option<String>,
     ) -> BoxFuture<'_, Result<SessionInfo, SessionError>> {
         Box::pin(async move {
             if self.phase() != Phase::Serving {
-                return Err(SessionError::Unsupported(
-                    Refusal::ShuttingDown.message().to_owned(),
-                ));
+                return Err(SessionError::Unsupported(Refusal::ShuttingDown.message()));
             }
             let manager = self.sessions()?;
             let engine = self.session_engine(tenant.as_deref());
@@ -534,9 +641,7 @@ impl airlock_mcp::Executor for Runner {
     ) -> BoxFuture<'_, Result<SessionRunResult, SessionError>> {
         Box::pin(async move {
             if self.phase() != Phase::Serving {
-                return Err(SessionError::Unsupported(
-                    Refusal::ShuttingDown.message().to_owned(),
-                ));
+                return Err(SessionError::Unsupported(Refusal::ShuttingDown.message()));
             }
             let manager = self.sessions()?;
             let name = session_tenant(tenant.as_deref());
@@ -564,7 +669,8 @@ impl airlock_mcp::Executor for Runner {
 
     fn run(&self, request: JobRequest, tenant: Option<String>) -> BoxFuture<'_, JobResult> {
         Box::pin(async move {
-            let admitted = match self.admit(tenant.as_deref()).await {
+            let entered_queue = std::time::SystemTime::now();
+            let admitted = match self.admit_job(tenant.as_deref(), Some(&request)).await {
                 Ok(admitted) => admitted,
                 Err(refusal) => {
                     return airlock_mcp::observation_only(refusal_observation(
@@ -573,15 +679,17 @@ impl airlock_mcp::Executor for Runner {
                     ));
                 }
             };
+            let mut caller = airlock_telemetry::current_caller().unwrap_or_default();
+            caller.queued = Some((entered_queue, std::time::SystemTime::now()));
             // The job runs in its own task: if the MCP call is dropped (client gone,
             // request cancelled), the guard fires and the job is killed and still audited.
             let gone = tokio_util::sync::CancellationToken::new();
             let guard = gone.clone().drop_guard();
-            let task = tokio::spawn(async move {
+            let task = tokio::spawn(airlock_telemetry::with_caller(caller, async move {
                 admitted
                     .run_until(request, None, gone.cancelled_owned())
                     .await
-            });
+            }));
             let result = match task.await {
                 Ok(result) => result,
                 Err(e) => airlock_mcp::observation_only(airlock_engine::early_error(
@@ -646,12 +754,7 @@ mod tests {
             BackendKind::Native
         }
         fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                backend: BackendKind::Native,
-                network_proxy: false,
-                out_dir: false,
-                image_rootfs: false,
-            }
+            Capabilities::bare(BackendKind::Native)
         }
         fn run_then_teardown<'a>(
             &'a self,

@@ -6,7 +6,7 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use airlock_sys::seccomp::CompiledSeccomp;
+use airlock_seccomp::CompiledSeccomp;
 
 /// What a raw syscall returned: `Ok(value)` or `Err(errno)`.
 type Outcome = Result<libc::c_long, i32>;
@@ -29,7 +29,7 @@ fn filtered<T: Send + 'static>(probe: impl FnOnce() -> T + Send + 'static) -> T 
         if let Err(error) = rustix::thread::set_no_new_privs(true) {
             panic!("set no_new_privs: {error}");
         }
-        if let Err(error) = compiled.install() {
+        if let Err(error) = airlock_sys::seccomp::install(&compiled) {
             panic!("install the builtin policy: {error:?}");
         }
         probe()

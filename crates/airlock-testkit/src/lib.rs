@@ -10,6 +10,8 @@
 
 mod cgroups;
 mod error;
+#[cfg(feature = "fake-cluster")]
+pub mod fake_cluster;
 mod names;
 mod parse;
 mod report;

@@ -4,12 +4,17 @@ CrewAI wants a pydantic model for the arguments; it is built from the server's J
 schema (so the languages and limits are the policy's), not written down twice.
 
     from airlock.tools.crewai import RunCodeTool
-    Agent(role=..., goal=..., backstory=..., tools=[RunCodeTool()])
+    Agent(role=..., goal=..., backstory=..., tools=[RunCodeTool(out_dir="outputs")])
+
+CrewAI has no failure flag for a tool's result: the model reads `ok`/`outcome` in the
+JSON, and the host gets the typed `Observation` (file bytes included) through
+`on_observation` and the released files under `out_dir`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 try:
@@ -20,8 +25,9 @@ except ImportError as e:  # pragma: no cover - depends on the extras installed
     ) from e
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from .._types import Observation
 from ..client import Client
-from . import run_call
+from . import HostFiles, run_call
 
 
 def _python_type(schema: Mapping[str, Any], name: str) -> Any:
@@ -90,17 +96,34 @@ class RunCodeTool(BaseTool):
 
     client: Client = Field(exclude=True)
     return_files: bool = True
+    host: HostFiles = Field(default_factory=HostFiles, exclude=True)
+    """Where the host gets each observation and its files (`out_dir`, `on_observation`)."""
 
-    def __init__(self, client: Client | None = None, *, return_files: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        client: Client | None = None,
+        *,
+        return_files: bool = True,
+        out_dir: str | os.PathLike[str] | None = None,
+        on_observation: Callable[[Observation], None] | None = None,
+        **kwargs: Any,
+    ):
         client = client or Client()
         tool = client.tool()
         kwargs.setdefault("name", tool.name)
         kwargs.setdefault("description", tool.description)
         kwargs.setdefault("args_schema", model_from_schema(tool.parameters, "RunCodeArguments"))
-        kwargs.update(client=client, return_files=return_files)
+        kwargs.update(
+            client=client,
+            return_files=return_files,
+            host=HostFiles(out_dir=out_dir, on_observation=on_observation),
+        )
         super().__init__(**kwargs)
 
     def _run(self, **arguments: Any) -> str:
         # CrewAI validated the arguments against args_schema and passes every field,
         # unused ones as None, which the tool takes as absent.
-        return run_call(self.client, arguments, return_files=self.return_files).to_json()
+        observation = run_call(
+            self.client, arguments, return_files=self.return_files, host=self.host
+        )
+        return observation.to_json()

@@ -2,7 +2,9 @@
 `create_react_agent` and anything else that runs LangChain tools.
 
 The `ToolMessage` content is the observation JSON the model sees; its `artifact` is the
-typed `Observation` (with /out file bytes), for failed runs too.
+typed `Observation` (with /out file bytes), for failed runs too, and its `status` is
+`"error"` when the job did not succeed (`airlock.tools.job_failed`: a non-zero exit, a
+timeout, a refusal).
 
     from airlock.tools.langchain import RunCodeTool
     tool = RunCodeTool()                       # local; RunCodeTool(client=Client(url, token))
@@ -15,10 +17,13 @@ LangGraph thread (`airlock serve` with `[sessions]` enabled).
 from __future__ import annotations
 
 import json
+import os
 import threading
+from collections.abc import Callable
 from typing import Any, Literal
 
 try:
+    from langchain_core.messages import ToolMessage
     from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool, ToolException
 except ImportError as e:  # pragma: no cover - depends on the extras installed
@@ -31,7 +36,26 @@ from .._types import Observation
 from ..client import AsyncClient, Client
 from ..errors import SessionNotFound, TransportError
 from ..sandbox import Execution, Sandbox
-from . import arun_call, run_call
+from . import (
+    SESSION_TOOL_DESCRIPTION,
+    HostFiles,
+    arun_call,
+    execution_answer,
+    execution_failed,
+    job_failed,
+    run_call,
+)
+
+
+def _flag_failure(output: Any) -> Any:
+    # BaseTool builds the ToolMessage with status "success" unless the tool raised; a job
+    # that did not succeed is still the observation (content and artifact), flagged error.
+    if isinstance(output, ToolMessage) and (
+        (isinstance(output.artifact, Observation) and job_failed(output.artifact))
+        or (isinstance(output.artifact, Execution) and execution_failed(output.artifact))
+    ):
+        output.status = "error"
+    return output
 
 
 class RunCodeTool(BaseTool):
@@ -44,6 +68,8 @@ class RunCodeTool(BaseTool):
     async_client: AsyncClient | None = Field(default=None, exclude=True)
     return_files: bool = True
     """Whether files the job writes to /out come back (their bytes in the artifact)."""
+    host: HostFiles = Field(default_factory=HostFiles, exclude=True)
+    """Where else the host gets each observation and its files (`out_dir`, `on_observation`)."""
 
     def __init__(
         self,
@@ -51,6 +77,8 @@ class RunCodeTool(BaseTool):
         *,
         async_client: AsyncClient | None = None,
         return_files: bool = True,
+        out_dir: str | os.PathLike[str] | None = None,
+        on_observation: Callable[[Observation], None] | None = None,
         **kwargs: Any,
     ) -> None:
         client = client or Client()
@@ -59,14 +87,29 @@ class RunCodeTool(BaseTool):
         kwargs.setdefault("description", tool.description)
         kwargs.setdefault("args_schema", tool.parameters)
         super().__init__(
-            client=client, async_client=async_client, return_files=return_files, **kwargs
+            client=client,
+            async_client=async_client,
+            return_files=return_files,
+            host=HostFiles(out_dir=out_dir, on_observation=on_observation),
+            **kwargs,
         )
+
+    def run(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        """`BaseTool.run`, with the `ToolMessage` flagged `status="error"` when the job did
+        not succeed."""
+        return _flag_failure(super().run(tool_input, *args, **kwargs))
+
+    async def arun(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        """`BaseTool.arun`, flagged as `run` is."""
+        return _flag_failure(await super().arun(tool_input, *args, **kwargs))
 
     def _run(self, **arguments: Any) -> tuple[str, Observation]:
         # LangChain passes its run manager as a keyword when _run declares it; this one
         # does not, so `arguments` are the model's alone.
         try:
-            observation = run_call(self.client, arguments, return_files=self.return_files)
+            observation = run_call(
+                self.client, arguments, return_files=self.return_files, host=self.host
+            )
         except TransportError as e:
             raise ToolException(f"airlock is unreachable: {e}") from e
         return observation.to_json(), observation
@@ -76,7 +119,7 @@ class RunCodeTool(BaseTool):
             return await super()._arun(**arguments)  # type: ignore[no-any-return]
         try:
             observation = await arun_call(
-                self.async_client, arguments, return_files=self.return_files
+                self.async_client, arguments, return_files=self.return_files, host=self.host
             )
         except TransportError as e:
             raise ToolException(f"airlock is unreachable: {e}") from e
@@ -90,16 +133,6 @@ class SessionCodeInput(BaseModel):
     timeout_s: float | None = Field(
         default=None, description="This call's wall time in seconds (the policy's by default)"
     )
-
-
-#: What the session tool tells the model it does.
-SESSION_TOOL_DESCRIPTION = (
-    "Run Python code in this conversation's own sandbox (airlock). Variables, imports and "
-    "files in /work persist from one call to the next in the same conversation, like "
-    "notebook cells; nothing is shared with other conversations. The result is JSON: stdout, "
-    "stderr, the last expression's value, the exception if one was raised, and "
-    "kernel_restarted/new_session when earlier state was lost."
-)
 
 
 class SessionRunCodeTool(BaseTool):
@@ -156,6 +189,15 @@ class SessionRunCodeTool(BaseTool):
         for sandbox in sandboxes:
             sandbox.kill()
 
+    def run(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        """`BaseTool.run`, with the `ToolMessage` flagged `status="error"` when the job did
+        not succeed or the code raised."""
+        return _flag_failure(super().run(tool_input, *args, **kwargs))
+
+    async def arun(self, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        """`BaseTool.arun`, flagged as `run` is."""
+        return _flag_failure(await super().arun(tool_input, *args, **kwargs))
+
     def __enter__(self) -> SessionRunCodeTool:
         return self
 
@@ -181,14 +223,8 @@ class SessionRunCodeTool(BaseTool):
                 execution = sandbox.run_code(code, timeout_s=timeout_s)
         except TransportError as e:
             raise ToolException(f"airlock is unreachable: {e}") from e
-        answer = execution.observation.to_dict()
+        answer = execution_answer(execution)
         answer["session"] = {"thread_id": thread_id, "id": sandbox.id}
-        if execution.text is not None:
-            answer["value"] = execution.text
-        if execution.error is not None:
-            answer["error_raised"] = {"name": execution.error.name, "value": execution.error.value}
-        if execution.kernel_restarted is not None:
-            answer["kernel_restarted"] = execution.kernel_restarted
         if replaced:
             answer["new_session"] = (
                 "this conversation's previous session had ended (idle or ttl): variables "

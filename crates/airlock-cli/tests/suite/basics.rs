@@ -189,3 +189,67 @@ fn the_init_does_not_show_the_host_path_of_airlock() {
     ]);
     assert_eq!(run.obs["stdout"], "init\n", "{:#}", run.obs);
 }
+
+/// Issue 30 item 2: a helper module passed next to the code imports, while what `-I`
+/// closes stays closed (PYTHON* variables ignored, no user site), and importing it leaves
+/// no `__pycache__` behind.
+#[test]
+fn input_files_import_and_isolation_holds() {
+    require_native!();
+    let env = TestEnv::new();
+    let util = env.path().join("util.py");
+    std::fs::write(&util, "def answer():\n    return 42\n").unwrap();
+    let pkg = env.path().join("helpers.py");
+    std::fs::write(&pkg, "NAME = 'helpers'\n").unwrap();
+    let run = env.run_json(&[
+        "--file",
+        &format!("util.py={}", util.display()),
+        "--file",
+        &format!("lib/helpers.py={}", pkg.display()),
+        "-c",
+        "import os, sys, util\nprint(util.answer(), sys.path[0], sys.flags.ignore_environment, sys.flags.no_user_site)\nprint(sorted(os.listdir('/work')))\nimport lib.helpers\nprint(lib.helpers.NAME)",
+    ]);
+    assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+    assert_eq!(
+        run.obs["stdout"], "42 /work 1 1\n['.airlock-main.py', 'lib', 'util.py']\nhelpers\n",
+        "{:#}",
+        run.obs
+    );
+}
+
+/// Issue 30 item 1: `main.py` is the user's name; the source has a name of airlock's own,
+/// which an input file may not take.
+#[test]
+fn an_input_main_py_is_the_users_and_the_source_name_is_reserved() {
+    require_native!();
+    let env = TestEnv::new();
+    let main = env.path().join("main.py");
+    std::fs::write(&main, "print('the user main')\n").unwrap();
+    let run = env.run_json(&[
+        "--file",
+        &format!("main.py={}", main.display()),
+        "-c",
+        "print(open('/work/main.py').read(), end='')\nimport main",
+    ]);
+    assert_eq!(
+        run.obs["stdout"], "print('the user main')\nthe user main\n",
+        "{:#}",
+        run.obs
+    );
+    for reserved in [".airlock-main.py", ".airlock/x"] {
+        let run = env.run_json(&[
+            "--file",
+            &format!("{reserved}={}", main.display()),
+            "-c",
+            "pass",
+        ]);
+        assert_eq!(run.obs["error"]["kind"], "invalid_input", "{:#}", run.obs);
+        assert!(
+            run.obs["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("airlock's own")),
+            "{:#}",
+            run.obs
+        );
+    }
+}

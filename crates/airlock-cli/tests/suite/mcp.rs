@@ -132,7 +132,7 @@ fn job_dirs_with(tag: &str) -> Vec<std::path::PathBuf> {
     entries
         .flatten()
         .filter(|entry| {
-            std::fs::read_to_string(entry.path().join("work/main.py"))
+            std::fs::read_to_string(entry.path().join("work/.airlock-main.py"))
                 .is_ok_and(|source| source.contains(tag))
         })
         .map(|entry| entry.path())
@@ -236,7 +236,7 @@ fn return_files_over_mcp_brings_out_files_back_intact() {
     require_native!();
     let env = TestEnv::new();
     // A cap that holds data.bin (256 B) but not big.txt (5000 B).
-    let mut mcp = McpChild::start(&env, "[filesystem.out]\ninline_bytes = \"1KiB\"");
+    let mut mcp = McpChild::start(&env, "[filesystem.out]\nmcp_inline_bytes = \"1KiB\"");
     mcp.call(
         1,
         json!({"code": OUT_JOB, "return_files": true, "language": null, "files": null}),

@@ -3,6 +3,7 @@ mod basics;
 mod cleanup;
 mod cold;
 mod common;
+mod crash;
 mod images;
 mod limits;
 mod mcp;

@@ -278,7 +278,7 @@ conformance_on! {
 
     // The container engines refuse the `vm.memfd_noexec` sysctl the native backend sets, so
     // the seccomp profile for runc allows `memfd_create` only with `MFD_NOEXEC_SEAL`
-    // (airlock_sys::seccomp::OciRuntime::Runc): a memfd that could be made executable is
+    // (airlock_seccomp::OciRuntime::Runc): a memfd that could be made executable is
     // refused with the profile's ENOSYS, and a sealed one can be neither run nor chmod'ed.
     fn code_written_to_a_memfd_cannot_run_on_runc(t: &Target) {
         airlock_testkit::require!(

@@ -39,7 +39,8 @@ fn job_dir_with(kind: Kind, tag: &str) -> Option<PathBuf> {
         .ok()?
         .flatten()
         .find_map(|entry| {
-            let source = std::fs::read_to_string(entry.path().join("work/main.py")).ok()?;
+            let source =
+                std::fs::read_to_string(entry.path().join("work/.airlock-main.py")).ok()?;
             source.contains(tag).then(|| entry.path())
         })
 }

@@ -509,9 +509,9 @@ pub fn host_pids_with(needle: &str) -> Vec<u32> {
             continue;
         }
         // A warm sandbox's interpreter was started before its job, so its command line
-        // names no job; its root's /work/main.py does.
+        // names no job; its root's /work/.airlock-main.py does.
         if sandboxed(&entry.path())
-            && std::fs::read(entry.path().join("root/work/main.py"))
+            && std::fs::read(entry.path().join("root/work/.airlock-main.py"))
                 .is_ok_and(|source| String::from_utf8_lossy(&source).contains(needle))
         {
             found.push(pid);

@@ -115,7 +115,7 @@ conformance! {
                       if os.fork() == 0:\n\
                       \x20   os.setsid()\n\
                       \x20   if os.fork() == 0:\n\
-                      \x20       os.execvp('sleep', ['sleep', '1000', sys.argv[1]])\n\
+                      \x20       os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1000)', sys.argv[1]])\n\
                       \x20   os._exit(0)\n\
                       os.wait()\n\
                       print('parent exits')";

@@ -330,6 +330,14 @@ conformance! {
             .expect("an audit line for the echo");
         assert_eq!(echoed["verdict"], "allowed", "{echoed:#}");
         assert_eq!(echoed["secrets_scrubbed"], 4, "{echoed:#}");
+        // The placeholder the job sent in its Authorization header was substituted once:
+        // counted on the request's line and in the job's totals, never its value.
+        assert_eq!(echoed["secrets_substituted"], 1, "{echoed:#}");
+        assert_eq!(obs["network"]["secrets_substituted"], 1, "{obs:#}");
+        assert_eq!(obs["network"]["secrets_scrubbed"], 4, "{obs:#}");
+        let job_line = audit.iter().find(|l| l["event"] == "job").expect("the job's audit line");
+        assert_eq!(job_line["network_usage"]["secrets_substituted"], 1, "{job_line:#}");
+        assert_eq!(job_line["network_usage"]["secrets_scrubbed"], 4, "{job_line:#}");
         let refused: Vec<&&serde_json::Value> = connections
             .iter()
             .filter(|l| l["host"] == "other.test" && l["verdict"] == "denied")

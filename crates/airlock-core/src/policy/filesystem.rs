@@ -221,6 +221,11 @@ pub struct OutPolicy {
     /// Most released bytes returned inline (base64 in the observation) when an HTTP or
     /// MCP caller asks for `return_files`; files past it are listed without content.
     pub inline_bytes: ByteSize,
+    /// Most released bytes an MCP `run_code` result carries inline (base64, or an image
+    /// block for a small picture). Smaller than `inline_bytes` because MCP results go
+    /// straight into the model's context: every file is also offered as a `resource_link`
+    /// the client reads back with `resources/read`, so bytes past this cost nothing.
+    pub mcp_inline_bytes: ByteSize,
 }
 
 impl Default for OutPolicy {
@@ -231,6 +236,7 @@ impl Default for OutPolicy {
             max_files: 64,
             max_file_bytes: ByteSize::mib(8),
             inline_bytes: ByteSize::mib(1),
+            mcp_inline_bytes: ByteSize::bytes(64 * ByteSize::KIB),
         }
     }
 }

@@ -76,13 +76,28 @@ fn language(command: &[&str], file: &str) -> LanguageSpec {
 /// The languages of the built-in policy.
 pub fn builtin_languages() -> BTreeMap<String, LanguageSpec> {
     BTreeMap::from([
+        // `-E -s` is `-I` without `-P`: no PYTHON* variables, no user site, and the
+        // script's directory, /work, on sys.path, so the job's input files import; `-B`:
+        // importing them leaves no `__pycache__` in /work.
         (
             "python".to_owned(),
-            language(&["python3", "-I", "-u", "{file}"], "main.py"),
+            language(
+                &["python3", "-B", "-E", "-s", "-u", "{file}"],
+                ".airlock-main.py",
+            ),
         ),
-        ("node".to_owned(), language(&["node", "{file}"], "main.js")),
-        ("bash".to_owned(), language(&["bash", "{file}"], "main.sh")),
-        ("sh".to_owned(), language(&["sh", "{file}"], "main.sh")),
+        (
+            "node".to_owned(),
+            language(&["node", "{file}"], ".airlock-main.js"),
+        ),
+        (
+            "bash".to_owned(),
+            language(&["bash", "{file}"], ".airlock-main.sh"),
+        ),
+        (
+            "sh".to_owned(),
+            language(&["sh", "{file}"], ".airlock-main.sh"),
+        ),
     ])
 }
 

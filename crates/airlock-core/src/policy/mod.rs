@@ -15,22 +15,28 @@ pub const BUILTIN_ORIGIN: &str = "built-in";
 
 pub mod bounds;
 
+mod admission;
 mod audit;
 mod docker;
+mod e2b;
 mod env;
 mod filesystem;
 mod images;
 mod kube;
 mod languages;
 mod limits;
+mod mcp;
 mod native;
 mod network;
 mod redaction;
 mod sessions;
+mod telemetry;
 mod warm;
 
+pub use admission::AdmissionPolicy;
 pub use audit::AuditPolicy;
 pub use docker::DockerPolicy;
+pub use e2b::{E2bPolicy, E2bTemplate};
 pub use env::{EnvPolicy, is_env_name};
 pub use filesystem::{FilesystemPolicy, OutPolicy, RootfsSpec, WorkdirMode, is_sha256_digest};
 pub use images::ImagesPolicy;
@@ -42,6 +48,7 @@ use languages::check_languages;
 pub use languages::{LanguageSpec, builtin_languages};
 pub use limits::Limits;
 pub(crate) use limits::{check_cpus, check_memory, check_pids, check_timeout};
+pub use mcp::McpPolicy;
 pub use native::{CgroupParent, DegradedControl, NativePolicy};
 pub use network::{
     HostPattern, NetworkMode, NetworkPolicy, PackagesPolicy, ProxyLimits, SecretSpec,
@@ -49,6 +56,7 @@ pub use network::{
 };
 pub use redaction::RedactionPolicy;
 pub use sessions::{SessionMode, SessionsPolicy};
+pub use telemetry::TelemetryPolicy;
 
 /// A parsed, validated policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +100,18 @@ pub struct Policy {
     /// Sessions: state across calls, off unless enabled.
     #[serde(default)]
     pub sessions: SessionsPolicy,
+    /// MCP tasks: when a long `run_code` call becomes a task, and how many are kept.
+    #[serde(default)]
+    pub mcp: McpPolicy,
+    /// OpenTelemetry export, when the `OTEL_*` variables do not configure it.
+    #[serde(default)]
+    pub telemetry: TelemetryPolicy,
+    /// The E2B-compatible API's templates (docs/e2b.md).
+    #[serde(default)]
+    pub e2b: E2bPolicy,
+    /// Each tenant's share of `airlock serve`'s job slots and queue.
+    #[serde(default)]
+    pub admission: AdmissionPolicy,
 }
 
 impl Default for Policy {
@@ -110,6 +130,10 @@ impl Default for Policy {
             kube: KubePolicy::default(),
             images: ImagesPolicy::default(),
             sessions: SessionsPolicy::default(),
+            mcp: McpPolicy::default(),
+            telemetry: TelemetryPolicy::default(),
+            e2b: E2bPolicy::default(),
+            admission: AdmissionPolicy::default(),
         }
     }
 }
@@ -135,8 +159,17 @@ impl Policy {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render policy: {e}\n"))
     }
 
-    /// Checks every value against the absolute bounds and for consistency.
+    /// Checks every value against the absolute bounds and for consistency, and so the
+    /// policy each E2B template with its own root or memory derives from it.
     pub fn validate(&self, origin: &str) -> Result<(), Error> {
+        self.validate_own(origin)?;
+        for name in self.e2b.templates.keys() {
+            self.for_e2b_template(name, origin)?;
+        }
+        Ok(())
+    }
+
+    fn validate_own(&self, origin: &str) -> Result<(), Error> {
         let bad = |field: &str, reason: String| Error::InvalidPolicy {
             origin: origin.to_owned(),
             field: field.to_owned(),
@@ -188,7 +221,44 @@ impl Policy {
         self.sessions
             .check()
             .map_err(|(field, reason)| bad(&format!("sessions.{field}"), reason))?;
+        self.mcp
+            .check()
+            .map_err(|(field, reason)| bad(&format!("mcp.{field}"), reason))?;
+        self.telemetry
+            .check()
+            .map_err(|(field, reason)| bad(&format!("telemetry.{field}"), reason))?;
+        self.e2b
+            .check()
+            .map_err(|(field, reason)| bad(&format!("e2b.{field}"), reason))?;
+        self.admission
+            .check()
+            .map_err(|(field, reason)| bad(&format!("admission.{field}"), reason))?;
         Ok(())
+    }
+
+    /// The policy the sandboxes of E2B template `name` run under: this one with the
+    /// template's own root and memory (`[e2b.templates.NAME] rootfs`, `memory`),
+    /// validated as a whole. `Ok(None)`: the template has neither (its sandboxes run on
+    /// this policy) or does not exist.
+    pub fn for_e2b_template(&self, name: &str, origin: &str) -> Result<Option<Policy>, Error> {
+        let Some(template) = self
+            .e2b
+            .templates
+            .get(name)
+            .filter(|t| t.overrides_policy())
+        else {
+            return Ok(None);
+        };
+        let mut derived = self.clone();
+        if let Some(rootfs) = &template.rootfs {
+            derived.filesystem.rootfs = rootfs.clone();
+        }
+        if let Some(memory) = template.memory {
+            derived.limits.memory = memory;
+        }
+        derived
+            .validate_own(&format!("{origin} [e2b.templates.{name}]"))
+            .map(|()| Some(derived))
     }
 
     /// Looks up a language.
@@ -241,7 +311,7 @@ mod tests {
         assert_eq!(p.network.mode, NetworkMode::None);
         assert_eq!(
             p.languages["python"].command,
-            vec!["python3", "-I", "-u", "{file}"]
+            vec!["python3", "-B", "-E", "-s", "-u", "{file}"]
         );
     }
 

@@ -50,6 +50,12 @@ pub struct NativePolicy {
     /// either way; the latency, the memory a waiting sandbox costs and the differences
     /// docs/speed.md lists are not.
     pub zygote: bool,
+    /// Most sandboxes one zygote forks before it is replaced by a fresh one. A zygote's
+    /// children share its address layout (heap, libc, stack, so very likely the stack
+    /// canary) and the interpreter's string hash secret (docs/speed.md); this bounds how
+    /// many jobs share them, as `warm_idle` bounds for how long. 1 gives every job its own
+    /// (a zygote start per job, the speed of starting from scratch).
+    pub zygote_forks: u32,
 }
 
 /// A dotted Python module name of ASCII identifiers (`numpy`, `os.path`): what a warm
@@ -90,6 +96,8 @@ impl NativePolicy {
     pub const WARM_IDLE_MAX: Duration = super::warm::WARM_IDLE_MAX;
     /// The most modules `warm_preload` may name.
     pub const WARM_PRELOAD_MAX: usize = 32;
+    /// Largest `zygote_forks`.
+    pub const ZYGOTE_FORKS_MAX: u32 = 100_000;
 
     /// Checks the settings; `languages` is the policy's table, which the warm language must
     /// be in. Returns the field name and reason.
@@ -123,6 +131,12 @@ impl NativePolicy {
             &self.warm_language,
             languages,
         )?;
+        if !(1..=Self::ZYGOTE_FORKS_MAX).contains(&self.zygote_forks) {
+            return Err((
+                "zygote_forks",
+                format!("must be between 1 and {}", Self::ZYGOTE_FORKS_MAX),
+            ));
+        }
         if self.warm_preload.len() > Self::WARM_PRELOAD_MAX {
             return Err((
                 "warm_preload",
@@ -152,6 +166,7 @@ impl Default for NativePolicy {
             warm_idle: Duration::from_secs(600),
             warm_preload: Vec::new(),
             zygote: true,
+            zygote_forks: 64,
         }
     }
 }

@@ -58,12 +58,14 @@ pub struct SessionsPolicy {
 
 impl Default for SessionsPolicy {
     fn default() -> Self {
+        // On, bounded (issue 31: an E2B sandbox is a session, and the default policy has
+        // them); kernel mode, so E2B's run_code has its kernel.
         Self {
-            enabled: false,
+            enabled: true,
             max_per_tenant: 4,
             ttl: Duration::from_secs(3600),
             idle: Duration::from_secs(600),
-            mode: SessionMode::Workspace,
+            mode: SessionMode::Kernel,
             workspace_bytes: ByteSize::mib(64),
             workspace_files: 1024,
             interrupt_grace: Duration::from_secs(2),
@@ -145,10 +147,20 @@ mod tests {
     use crate::policy::Policy;
 
     #[test]
-    fn sessions_are_off_by_default() {
+    fn the_default_policy_has_bounded_kernel_sessions() {
+        // Issue 31: an E2B sandbox is a session, so the default policy has them on,
+        // bounded; kernel mode, so the code interpreter's run_code has its kernel.
         let p = Policy::builtin();
-        assert!(!p.sessions.enabled);
-        assert_eq!(p.sessions.mode, SessionMode::Workspace);
+        assert!(p.sessions.enabled);
+        assert_eq!(p.sessions.mode, SessionMode::Kernel);
+        assert_eq!(p.sessions.max_per_tenant, 4);
+        assert_eq!(p.sessions.ttl, Duration::from_secs(3600));
+        assert_eq!(p.sessions.idle, Duration::from_secs(600));
+        // A policy file without a [sessions] section has the same; one turns them off.
+        let bare = Policy::from_toml("version = \"v\"\n", "t").unwrap();
+        assert!(bare.sessions.enabled);
+        let off = Policy::from_toml("version = \"v\"\n[sessions]\nenabled = false\n", "t").unwrap();
+        assert!(!off.sessions.enabled);
     }
 
     #[test]

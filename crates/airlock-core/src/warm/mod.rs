@@ -32,7 +32,7 @@ use crate::backend::{
     Backend, BackendError, BackendKind, BoxFuture, Capabilities, OutputTap, Teardown, WarmPoolStats,
 };
 use crate::job::JobSpec;
-use crate::observation::RunReport;
+use crate::observation::{Acquire, RunReport};
 
 /// Longest wait between attempts when warm sandboxes fail to start.
 pub const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -315,7 +315,7 @@ impl<S: WarmSandboxes> WarmPool<S> {
         }
         shared.counters.hits.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(job_id = %job.id, sandbox = %S::name(&warm), "job delivered to a warm sandbox");
-        self.deliver(job, tap, warm).await
+        self.deliver(job, tap, warm, Acquire::Warm).await
     }
 
     /// Runs a job that found no sandbox ready: in one the backend starts for it at once,
@@ -339,7 +339,7 @@ impl<S: WarmSandboxes> WarmPool<S> {
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(job_id = %job.id, sandbox = %S::name(&warm),
                     "no warm sandbox ready; the job runs in one started for it");
-                self.deliver(job, tap, warm).await
+                self.deliver(job, tap, warm, Acquire::Fork).await
             }
             Err(e) => {
                 tracing::warn!(job_id = %job.id, error = %e,
@@ -349,16 +349,19 @@ impl<S: WarmSandboxes> WarmPool<S> {
         }
     }
 
-    /// Delivers `job` to `warm`; the refill is woken once the sandbox is removed.
+    /// Delivers `job` to `warm`, which it got as `acquire` says; the refill is woken once
+    /// the sandbox is removed.
     async fn deliver(
         &self,
         job: &JobSpec,
         tap: Option<OutputTap>,
         warm: S::Warm,
+        acquire: Acquire,
     ) -> Result<(RunReport, Teardown), S::Error> {
         let shared = &self.shared;
         match shared.sandboxes.deliver(job, tap, warm).await {
-            Ok((report, removal)) => {
+            Ok((mut report, removal)) => {
+                report.acquire = acquire;
                 let shared = self.shared.clone();
                 let teardown = Teardown::new(async move {
                     removal.run().await;
@@ -586,6 +589,43 @@ async fn refill<S: WarmSandboxes>(shared: Arc<Shared<S>>) {
     shared.sandboxes.close().await;
 }
 
+/// The job a backend's warm sandboxes are built for: `request` (`airlock run --warm`'s
+/// job), else an empty program in the pool's `language` with every default of the policy.
+pub fn template_job(
+    policy: &crate::Policy,
+    request: Option<crate::JobRequest>,
+    language: &str,
+) -> Result<crate::JobSpec, crate::BackendError> {
+    if let Some(request) = request {
+        return request.resolve(policy).map_err(|e| {
+            crate::BackendError::new(
+                crate::ErrorKind::PolicyDenied,
+                format!("the warm sandbox's job is refused by the policy: {e}"),
+            )
+        });
+    }
+    crate::JobRequest {
+        language: language.to_owned(),
+        ..Default::default()
+    }
+    .resolve(policy)
+    .map_err(|e| {
+        crate::BackendError::new(
+            crate::ErrorKind::BackendUnavailable,
+            format!("the warm pool's template job is refused by the policy: {e}"),
+        )
+    })
+}
+
+/// A pool's size as opened with `options`, from the policy's `size` for it, and the bound
+/// on its starts: one job (`airlock run --warm`) gets one sandbox and no replacement after
+/// it. `None` when no pool is to be kept.
+pub fn pool_size(size: u32, options: &crate::OpenOptions) -> Option<(usize, Option<u64>)> {
+    let single_job = options.warm_template.is_some();
+    let size = if single_job { size.max(1) } else { size };
+    (options.warm_pool && size > 0).then_some((size as usize, single_job.then_some(1)))
+}
+
 #[cfg(test)]
 mod tests {
     //! The pool's rules against a fake backend whose sandboxes are ids: which sandbox a job
@@ -694,12 +734,7 @@ mod tests {
         }
 
         fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                backend: BackendKind::Native,
-                network_proxy: false,
-                out_dir: false,
-                image_rootfs: false,
-            }
+            Capabilities::bare(BackendKind::Native)
         }
 
         fn fits(&self, job: &JobSpec) -> bool {
@@ -847,7 +882,8 @@ mod tests {
         let fake = Arc::new(Fake::default());
         let pool = WarmPool::start(fake.clone(), config(2, Duration::from_secs(600)));
         until("two ready", || pool.ready() == 2).await;
-        pool.run_job_with(&job("python"), None).await.unwrap();
+        let report = pool.run_job_with(&job("python"), None).await.unwrap();
+        assert_eq!(report.acquire, Acquire::Warm);
         assert_eq!(*fake.delivered.lock().unwrap(), vec![0]);
         until("the replacement", || pool.ready() == 2).await;
         assert_eq!(fake.up(), BTreeSet::from([1, 2]));
@@ -866,8 +902,12 @@ mod tests {
             ..Fake::default()
         });
         let pool = WarmPool::start(fake.clone(), config(1, Duration::from_secs(600)));
-        pool.run_job_with(&job("sh"), None).await.unwrap();
-        pool.run_job_with(&job("python"), None).await.unwrap();
+        let unfit = pool.run_job_with(&job("sh"), None).await.unwrap();
+        let missed = pool.run_job_with(&job("python"), None).await.unwrap();
+        assert_eq!(
+            (unfit.acquire, missed.acquire),
+            (Acquire::Fresh, Acquire::Fresh)
+        );
         let stats = pool.stats();
         assert_eq!((stats.hits, stats.misses, stats.unfit), (0, 1, 1));
         assert_eq!(fake.fresh.load(Ordering::SeqCst), 2);
@@ -883,9 +923,16 @@ mod tests {
                 ..Fake::default()
             });
             let pool = WarmPool::start(fake.clone(), config(1, Duration::from_secs(600)));
-            pool.run_job_with(&job("python"), None).await.unwrap();
+            let missed = pool.run_job_with(&job("python"), None).await.unwrap();
+            let expected = if succeeds {
+                Acquire::Fork
+            } else {
+                Acquire::Fresh
+            };
+            assert_eq!(missed.acquire, expected);
             // An unfit job never gets one: it would not run as in a fresh sandbox.
-            pool.run_job_with(&job("sh"), None).await.unwrap();
+            let unfit = pool.run_job_with(&job("sh"), None).await.unwrap();
+            assert_eq!(unfit.acquire, Acquire::Fresh);
             let stats = pool.stats();
             assert_eq!((stats.hits, stats.misses, stats.unfit), (0, 1, 1));
             let started = fake.started_for_jobs.lock().unwrap().clone();

@@ -130,6 +130,7 @@ pub fn fits(template: &JobSpec, job: &JobSpec) -> bool {
         && job.network == NetworkMode::None
         // A session's /work is bound when the sandbox is built; a warm one has its own.
         && job.workspace.is_none()
+        && job.session_tmp.is_none()
         && job.filesystem == template.filesystem
         && j.memory == t.memory
         && j.cpus == t.cpus
@@ -179,9 +180,9 @@ mod tests {
         let (length, body) = message.split_at(LENGTH_DIGITS);
         let length = usize::from_str_radix(std::str::from_utf8(length).unwrap(), 16).unwrap();
         assert_eq!(length, body.len());
-        assert_eq!(body, "w/work/main.py\0a b\0ü".as_bytes());
+        assert_eq!(body, "w/work/.airlock-main.py\0a b\0ü".as_bytes());
         let kept = control_message(&template, &template, WarmStdin::Keep);
-        assert_eq!(&kept[LENGTH_DIGITS..], b"k/work/main.py");
+        assert_eq!(&kept[LENGTH_DIGITS..], b"k/work/.airlock-main.py");
     }
 
     #[test]

@@ -23,6 +23,10 @@ def _airlock_run(forked=False):
         os.close(null)
     argv = [os.fsdecode(a) for a in message[1:].split(b"\0")]
     path = argv[0]
+    # As for a script: unless the flags close it (-P, -I), the script's directory is
+    # sys.path[0] where `-c` put the working directory.
+    if not sys.flags.safe_path and sys.path and sys.path[0] == "":
+        sys.path[0] = os.path.dirname(os.path.abspath(path))
     sys.argv = argv
     sys.orig_argv = sys.orig_argv[:-2] + argv
     import __main__

@@ -11,7 +11,7 @@ use airlock_kube::install::{self, NETWORK_POLICY, QUOTA};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::fake::FakeCluster;
+use super::fake::{Clients, FakeCluster};
 use super::install::{AIRLOCK_TOKEN, AIRLOCK_USER, NAMESPACE, gvisor_policy, plan, prepared};
 
 const INSTALL_FIX: &str =

@@ -18,8 +18,8 @@ use bollard::query_parameters::ListContainersOptions;
 use pretty_assertions::assert_eq;
 
 use super::common::policy;
-use super::fake::FakeCluster;
 use super::fake::kubelet::LABEL_FAKE;
+use super::fake::{Clients, FakeCluster};
 
 fn socket() -> PathBuf {
     std::env::var_os("AIRLOCK_DOCKER_SOCKET")
@@ -102,7 +102,7 @@ fn source(language: &str, code: &str) -> JobRequest {
 }
 
 async fn containers(job: &str) -> Vec<String> {
-    let docker = airlock_docker::cleanup::connect(&socket()).unwrap();
+    let docker = super::fake::kubelet::connect(&socket()).unwrap();
     let filters = HashMap::from([(
         "label".to_owned(),
         vec![format!("{LABEL_FAKE}=true"), format!("airlock.job={job}")],

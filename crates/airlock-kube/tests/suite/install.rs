@@ -16,8 +16,8 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use super::common::policy;
-use super::fake::FakeCluster;
 use super::fake::store::{self, KINDS};
+use super::fake::{Clients, FakeCluster};
 
 /// The bearer token of airlock's own identity on the fake API server.
 pub const AIRLOCK_TOKEN: &str = "airlock-token";

@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use airlock_kube::janitor::{JANITOR_GRACE, LIST_PAGE_PODS, sweep};
 use airlock_kube::pod::SELECTOR_MANAGED;
+use airlock_kube::sweep::{JANITOR_GRACE, LIST_PAGE_PODS, sweep};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -15,7 +15,7 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::common::policy;
-use super::fake::FakeCluster;
+use super::fake::{Clients, FakeCluster};
 use super::install::{AIRLOCK_TOKEN, NAMESPACE, prepared};
 
 const DEADLINE_SECS: i64 = 95;

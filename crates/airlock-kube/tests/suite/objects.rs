@@ -537,7 +537,7 @@ fn arb_request() -> impl Strategy<Value = (JobRequest, bool, bool, bool)> {
             |(source, files, stdin, args, (ms, mib, cpu, pids), (rw, split, pool))| {
                 let files = files
                     .into_iter()
-                    .filter(|(p, _)| p != "main.py" && !p.starts_with("main.py/"))
+                    .filter(|(p, _)| !p.starts_with(".airlock"))
                     .map(|(path, (content, executable))| InputFile {
                         path,
                         content: content.into_bytes(),

@@ -131,7 +131,7 @@ fn markers_are_stripped_and_a_mixing_cluster_is_caught() {
 
 #[test]
 fn the_janitor_takes_only_expired_airlock_pods() {
-    use airlock_kube::janitor::is_expired;
+    use airlock_kube::sweep::is_expired;
     use k8s_openapi::jiff::Timestamp;
     let make = |managed: bool, age_secs: i64, deadline: Option<i64>| -> Pod {
         let created = Timestamp::from_second(1_800_000_000).unwrap();

@@ -82,6 +82,12 @@ impl Executor for FakeExecutor {
         self.policy.clone()
     }
 
+    /// Stands in for a server's executor: the session tools are listed where the policy
+    /// enables them.
+    fn keeps_sessions(&self) -> bool {
+        true
+    }
+
     fn run(&self, request: JobRequest, _tenant: Option<String>) -> BoxFuture<'_, JobResult> {
         Box::pin(async move {
             let long = request.source == LONG_JOB.as_bytes();

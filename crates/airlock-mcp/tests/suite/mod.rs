@@ -1,3 +1,4 @@
 mod cancel;
 mod common;
 mod files;
+mod tasks;

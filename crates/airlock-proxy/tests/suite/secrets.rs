@@ -81,6 +81,23 @@ async fn the_placeholder_is_replaced_only_for_its_own_host() {
     let json = serde_json::to_string(&summary).unwrap();
     assert!(!json.contains(REAL));
     assert!(!format!("{summary:?}").contains(REAL));
+    // Counted, never shown: the query's one and the headers' three, toward the secret's
+    // own host only; the same total for the job.
+    let substituted: Vec<(u16, u64)> = summary
+        .connections
+        .iter()
+        .map(|r| (r.port, r.secrets_substituted))
+        .collect();
+    assert_eq!(
+        substituted,
+        vec![(api.port(), 4), (other.port(), 0), (other.port(), 0)],
+        "{json}"
+    );
+    let report = summary.into_report();
+    assert_eq!(report.counts.secrets_substituted, 4);
+    assert_eq!(report.counts.secrets_scrubbed, 0);
+    assert_eq!(report.connections[0]["secrets_substituted"], 4);
+    assert!(report.connections[1].get("secrets_substituted").is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,6 +121,49 @@ fn a_glued_character_does_not_hide_a_key() {
     }
 }
 
+/// An OpenAI-style `sk-` key of 48 characters (no vendor infix) with a character glued in
+/// front is still a key; a shorter `sk-` string glued to a word (`task-…`, `Flask-…`) and
+/// ordinary hyphenated words stay as they are.
+#[test]
+fn a_glued_character_does_not_hide_a_48_character_sk_key() {
+    let r = builtin();
+    let key = "sk-Xq0bVf2NwR7tLk9mZs4HjP1cYd8gUe3AoTi6KyBn5WxQlrEv";
+    assert_eq!(key.len(), 3 + 48);
+    for glued in [
+        format!("x{key}"),
+        format!("9{key}"),
+        format!("_{key}"),
+        format!("OPENAI_API_KEY=_{key}\n"),
+        format!("\"9{key}\""),
+    ] {
+        let out = r.redact(&glued);
+        // After `KEY=` the assignment rule may name it first; either way it is gone.
+        assert!(out.count >= 1, "{glued:?} gave {:?}", out.text);
+        assert!(!out.text.contains(&key[3..]), "{:?}", out.text);
+        if !glued.contains('=') {
+            assert_eq!(out.by_rule.get("sk-api-key"), Some(&1), "{:?}", out.text);
+        }
+    }
+    let ordinary = [
+        // A glued sk- of any other length is an identifier, not a key.
+        "task-3f9a1c7e5b2d4f60a8c1e9b7d3f5a2c4",
+        "mask-Xq0bVf2NwR7tLk9mZs4HjP1cYd8gUe3AoTi6KyBn5WxQlrEvQ",
+        "disk-Xq0bVf2NwR7tLk9mZs4HjP1cYd8gUe3AoTi6KyBn5Wx",
+        // Hyphenated words and package names.
+        "Flask-SQLAlchemy risk-adjusted ask-me-anything desk-booking whisk-together",
+        "task-queue-worker-01 mask-rcnn-resnet50-fpn-coco-2017 sk-learn",
+        // 48 characters, but not letters and digits only.
+        "xsk-aaaaaaaa-bbbbbbbb-cccccccc-dddddddd-eeeeeeee-ffff",
+        // 48 letters of ordinary low entropy.
+        "task-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    ];
+    for text in ordinary {
+        let out = r.redact(text);
+        assert_eq!(out.text, text);
+        assert_eq!(out.count, 0, "{text}");
+    }
+}
+
 #[test]
 fn a_gcp_service_account_key_file_keeps_everything_but_the_key() {
     let file = r#"{

@@ -51,6 +51,17 @@ def _expect(condition, what, obs):
         raise CaseFailure(f"{what}; observation: {json.dumps(obs)[:1500]}")
 
 
+def expected_tools(transport):
+    """The tools airlock's MCP server lists on the built-in policy (sessions on), in order.
+
+    `airlock mcp` (stdio) is one client's process, with no sessions to keep between calls:
+    it lists run_code alone. `airlock serve`'s /mcp keeps sessions, so it lists the session
+    tools after run_code."""
+    if transport == "stdio":
+        return ["run_code"]
+    return ["run_code", "session_start", "session_end"]
+
+
 def check_case(name, obs):
     """Raises CaseFailure unless `obs` (the observation dict) is what case `name` must give.
 

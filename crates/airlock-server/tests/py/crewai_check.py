@@ -16,7 +16,7 @@ import sys
 from crewai_tools import MCPServerAdapter
 from mcp import StdioServerParameters
 
-from airlock_cases import CASES, Report, observation_from_text
+from airlock_cases import CASES, Report, expected_tools, observation_from_text
 
 
 def model_arguments(schema, arguments):
@@ -28,8 +28,9 @@ def model_arguments(schema, arguments):
     return sent
 
 
-def exercise(tools, report):
-    report.ok([t.name for t in tools] == ["run_code"], f"the adapter loads one tool, run_code ({[t.name for t in tools]})")
+def exercise(tools, report, transport):
+    want = expected_tools(transport)
+    report.ok([t.name for t in tools] == want, f"the adapter loads {want} ({[t.name for t in tools]})")
     tool = next(t for t in tools if t.name == "run_code")
     structured = tool.to_structured_tool()
     schema = tool.args_schema.model_json_schema()
@@ -62,7 +63,7 @@ def main():
     else:
         raise SystemExit(f"unknown mode {mode}")
     with MCPServerAdapter(params, connect_timeout=60) as tools:
-        exercise(tools, report)
+        exercise(tools, report, mode)
     report.finish()
 
 

@@ -21,7 +21,7 @@ from langchain_mcp_adapters.client import MultiServerMCPClient
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
-from airlock_cases import CASES, Report, observation_from_text
+from airlock_cases import CASES, Report, expected_tools, observation_from_text
 
 
 class ScriptedChatModel(GenericFakeChatModel):
@@ -35,10 +35,11 @@ def tool_call_message(arguments, call_id):
     return AIMessage(content="", tool_calls=[{"name": "run_code", "args": arguments, "id": call_id, "type": "tool_call"}])
 
 
-async def exercise(connection, report):
+async def exercise(connection, report, transport):
     client = MultiServerMCPClient({"airlock": connection})
     tools = await client.get_tools()
-    report.ok([t.name for t in tools] == ["run_code"], "the adapter loads one tool, run_code")
+    want = expected_tools(transport)
+    report.ok([t.name for t in tools] == want, f"the adapter loads {want} ({[t.name for t in tools]})")
     run_code = next(t for t in tools if t.name == "run_code")
     # A ToolNode runs inside a graph (it reads its runtime from the graph's config).
     graph = StateGraph(MessagesState)
@@ -97,7 +98,7 @@ async def main():
                       "headers": {"Authorization": f"Bearer {sys.argv[3]}"}}
     else:
         raise SystemExit(f"unknown mode {mode}")
-    await exercise(connection, report)
+    await exercise(connection, report, mode)
     report.finish()
 
 

@@ -16,6 +16,7 @@ Every check runs and is reported (ok:/FAIL:/SKIP: lines); the exit status is non
 when any failed, or when any was skipped and AIRLOCK_REQUIRE_ALL=1.
 """
 import asyncio
+import base64
 import copy
 import http.client
 import json
@@ -26,8 +27,8 @@ import time
 import urllib.parse
 import uuid
 
-from airlock_cases import (CASES, CLIENT_TIMEOUT_S, POLICY_WALL_TIME_S, Report, http_json,
-                           observation_from_text)
+from airlock_cases import (CASES, CLIENT_TIMEOUT_S, POLICY_WALL_TIME_S, Report, expected_tools,
+                           http_json, observation_from_text)
 
 TIMEOUT = float(CLIENT_TIMEOUT_S)
 # Formats OpenAI's strict mode accepts; anything else ("double", "uint64") breaks it.
@@ -144,7 +145,8 @@ async def exercise(session, report, transport):
     await session.initialize()
     s = Session(session, report, transport)
     tools = (await session.list_tools()).tools
-    report.ok([t.name for t in tools] == ["run_code"], f"{transport}: one tool, run_code ({[t.name for t in tools]})")
+    want = expected_tools(transport)
+    report.ok([t.name for t in tools] == want, f"{transport}: the tools are {want} ({[t.name for t in tools]})")
     tool = next((t for t in tools if t.name == "run_code"), None)
     if tool is None:
         return
@@ -206,6 +208,37 @@ async def exercise(session, report, transport):
     await attempt("timeout_s 1e9", {"language": "python", "code": "1", "timeout_s": 1e9},
                   lambda r, o: [(is_error(r) is True, "is an error"),
                                 ((o.get("error") or {}).get("kind") == "policy_denied", "above the ceiling is policy_denied")])
+    # /out files: past the MCP inline budget (64 KiB by default) a file comes back only as a
+    # resource_link, which the client reads back byte for byte with resources/read.
+    try:
+        result, obs = await s.call({"code": (
+            "open('/out/big.bin', 'wb').write(bytes(range(256)) * 400)\n"
+            "open('/out/note.txt', 'w').write('small note')\n"), "return_files": True})
+        links = {c.name: c for c in result.content if getattr(c, "type", "") == "resource_link"}
+        listed = {f["path"]: f for f in obs.get("files", [])}
+        report.ok(set(listed) == {"big.bin", "note.txt"} and set(links) == {"big.bin"},
+                  f"{transport}: the file past the inline budget is a resource_link ({sorted(links)}, {sorted(listed)})")
+        report.ok("content_base64" not in listed.get("big.bin", {}),
+                  f"{transport}: a 100 KiB file is not inlined over MCP")
+        report.ok(listed.get("note.txt", {}).get("content_base64") is not None,
+                  f"{transport}: a small file is still inlined")
+        uris = {"big.bin": links["big.bin"].uri if "big.bin" in links else None,
+                "note.txt": f"airlock://jobs/{obs.get('job_id')}/out/note.txt"}
+        for name, want in (("big.bin", bytes(range(256)) * 400), ("note.txt", b"small note")):
+            if uris[name] is None:
+                continue
+            read = await session.read_resource(uris[name])
+            content = read.contents[0]
+            got = base64.b64decode(content.blob) if hasattr(content, "blob") else content.text.encode()
+            report.ok(got == want, f"{transport}: resources/read of {uris[name]} gives the file's bytes ({len(got)} B)")
+        templates = await session.list_resource_templates()
+        report.ok([field(t, "uri_template", "uriTemplate")
+                   for t in field(templates, "resource_templates", "resourceTemplates")] == ["airlock://jobs/{job_id}/out/{path}"],
+                  f"{transport}: resources/templates/list announces the job file template")
+    except Exception as e:
+        report.ok(False, f"{transport}: /out files as resource links: {type(e).__name__}: {e}"[:1500])
+    listings = [json.dumps((await session.list_tools()).model_dump(mode="json"), sort_keys=False) for _ in range(3)]
+    report.ok(len(set(listings)) == 1, f"{transport}: tools/list is the same on every call")
     try:
         extra = await session.call_tool("run_code", {"language": "python", "code": "1", "network": "on"},
                                         read_timeout_seconds=TIMEOUT)
@@ -297,7 +330,7 @@ def job_dir_with(marker):
         return None
     for name in names:
         try:
-            with open(os.path.join(RUNTIME_DIR, name, "work", "main.py")) as f:
+            with open(os.path.join(RUNTIME_DIR, name, "work", ".airlock-main.py")) as f:
                 if marker in f.read():
                     return name
         except OSError:

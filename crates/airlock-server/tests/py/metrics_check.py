@@ -33,6 +33,11 @@ EXPECTED = {
     "airlock_redactions": "counter",
     "airlock_requests_rejected": "counter",
     "airlock_warm_pool_ready": "gauge",
+    "airlock_audit_writable": "gauge",
+    "airlock_audit_unsettled_jobs": "gauge",
+    "airlock_audit_write_failures": "gauge",
+    "airlock_root_cache_bytes": "gauge",
+    "airlock_root_cache_copies": "gauge",
 }
 OPTIONAL = {
     "airlock_warm_pool_jobs": "counter",

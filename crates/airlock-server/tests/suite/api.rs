@@ -85,10 +85,28 @@ async fn malformed_and_refused_requests_have_their_status_and_the_error_shape() 
     }
     let not_json = post_raw(&server, None, b"{not json".to_vec()).await;
     assert_error(&not_json, 400, "invalid_input");
-    for body in [
-        json!({"language": "python", "code": "1", "memory": "1GiB"}),
-        json!({"language": "python", "code": "1", "timeout": "1h"}),
-        json!({"language": "python", "code": "1", "env": {"SECRET": "x"}}),
+    // Issue 30: a value of the wrong type is named by its field, not by a column.
+    let wrong_type = post_run(&server, None, &json!({"code": "1", "timeout": 5})).await;
+    assert_error(&wrong_type, 400, "invalid_input");
+    let message = wrong_type.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("timeout: invalid type: integer `5`") && !message.contains("column"),
+        "{message}"
+    );
+    // A refusal names the policy key an operator would change.
+    for (body, key) in [
+        (
+            json!({"language": "python", "code": "1", "memory": "1GiB"}),
+            "[limits] memory",
+        ),
+        (
+            json!({"language": "python", "code": "1", "timeout": "1h"}),
+            "[limits] timeout",
+        ),
+        (
+            json!({"language": "python", "code": "1", "env": {"SECRET": "x"}}),
+            "[env] allow",
+        ),
     ] {
         let answer = post_run(&server, None, &body).await;
         assert_error(&answer, 403, "policy_denied");
@@ -96,6 +114,8 @@ async fn malformed_and_refused_requests_have_their_status_and_the_error_shape() 
             answer.body["job_id"].is_string(),
             "refusals are audited with an id"
         );
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(key), "{key} not in {message}");
     }
     // Unknown routes and methods answer in the same shape.
     let response = client()

@@ -38,6 +38,9 @@ async fn missing_or_wrong_tokens_are_401_and_tokens_map_to_tenants() {
     let missing = post_run(&t.server, None, &job).await;
     assert_error(&missing, 401, "unauthorized");
     assert_eq!(missing.headers["www-authenticate"], "Bearer");
+    // Issue 30: the 401 says how a token is made.
+    let message = missing.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("airlock token new"), "{message}");
     let wrong = post_run(&t.server, Some("alk_not-a-token"), &job).await;
     assert_error(&wrong, 401, "unauthorized");
     // The digest in the file is not a token either.

@@ -60,6 +60,8 @@ pub struct Opts {
     pub files: Vec<(String, String)>,
     /// `AIRLOCK_LOG` (default `info`).
     pub log_filter: Option<String>,
+    /// More environment variables for the server.
+    pub env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -79,6 +81,7 @@ impl Server {
             .current_dir(dir.path())
             .env("AIRLOCK_STATE_DIR", dir.path())
             .env("AIRLOCK_LOG", opts.log_filter.as_deref().unwrap_or("info"))
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -555,7 +558,7 @@ pub async fn assert_nothing_carries_to_the_next_job(warm: &Server, pool: u64) {
     .await;
     assert_eq!(look.body["outcome"], "exited", "{:#}", look.body);
     assert_eq!(
-        look.body["stdout"], "False False False ['main.py']\n",
+        look.body["stdout"], "False False False ['.airlock-main.py']\n",
         "{:#}",
         look.body
     );

@@ -1,7 +1,9 @@
 mod api;
 mod auth;
 mod common;
+mod e2b;
 mod load;
+mod overload;
 mod sessions;
 mod shutdown;
 mod slow;

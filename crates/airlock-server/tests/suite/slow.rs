@@ -47,6 +47,19 @@ fn headers_that_never_finish_are_cut_off() {
             .as_bytes(),
         )
         .unwrap();
+    // While the head dribbles, the server answers others.
+    let mut health = TcpStream::connect(server.addr).unwrap();
+    health
+        .write_all(
+            format!(
+                "GET /v1/health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                server.addr
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let (text, _) = read_to_end(&mut health);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     let (_, after) = read_to_end(&mut stream);
     assert!(
         after >= Duration::from_millis(900) && after < Duration::from_secs(5),

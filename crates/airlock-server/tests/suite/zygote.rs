@@ -324,6 +324,41 @@ async fn two_forked_jobs_draw_different_random_numbers() {
     assert_eq!(hashes.len(), 1, "{draws:?}");
 }
 
+/// `[native] zygote_forks` bounds how many jobs share a zygote's hash secret and layout:
+/// with one fork each, two forked jobs come from two zygotes and see different
+/// `hash('x')` (with the default, consecutive forked jobs see the same, above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zygote_is_replaced_after_its_forks_and_the_next_jobs_hash_secret_differs() {
+    require_server!();
+    let forked = server_with(
+        "version = \"zygote-forks-1\"\n[limits]\ntimeout = \"3s\"\n[native]\nwarm_pool = 1\n\
+         zygote = true\nzygote_forks = 1\n"
+            .to_owned(),
+    );
+    let job = python("import os\nprint(hash('x'), os.getppid())");
+    let mut hashes = Vec::new();
+    for _ in 0..2 {
+        wait_ready(&forked, 1).await;
+        let got = post_run(&forked, None, &job).await;
+        assert_eq!(got.body["outcome"], "exited", "{:#}", got.body);
+        hashes.push(got.body["stdout"].as_str().unwrap().to_owned());
+    }
+    // Both jobs ran in forked sandboxes, of two zygotes.
+    assert_eq!(forked_hits(&forked).await, 2, "{}", forked.log());
+    assert!(
+        zygote_events(&forked, "started").await >= 2,
+        "{}",
+        forked.log()
+    );
+    let hash = |line: &str| {
+        line.split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_ne!(hash(&hashes[0]), hash(&hashes[1]), "{hashes:?}");
+}
+
 /// What both budget jobs start with: libc, and a small message queue's attributes.
 const BUDGET_PRELUDE: &str = r#"
 import ctypes, errno, json, os, signal, sys
@@ -660,4 +695,51 @@ async fn jobs_finding_no_sandbox_ready_run_in_one_forked_for_them() {
     assert!(for_jobs >= 1, "{}", forked.log());
     assert_eq!(forked_hits(&forked).await + for_jobs, 4, "{}", forked.log());
     assert_eq!(zygote_events(&forked, "fork_failed").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_jobs_reply_comes_only_once_no_process_of_it_is_left() {
+    require_server!();
+    // A forked job's reply waits for pid 1 of its pid namespace, not for the sandbox's
+    // leader (whose exit tears the namespaces down, after the reply; docs/speed.md): the
+    // kernel reports pid 1 gone only once it has killed and reaped every other process of
+    // the namespace. A daemon the job leaves behind (its own session, SIGHUP ignored),
+    // running when the job ends, is gone by the time the reply is read.
+    let forked = server_with(policy("", ""));
+    wait_ready(&forked, POOL).await;
+    for round in 0..3 {
+        wait_ready(&forked, POOL).await;
+        let tag = format!("airlock-zygote-daemon-{}-{round}", std::process::id());
+        let code = format!(
+            "import os, sys\n\
+             r, w = os.pipe()\n\
+             if os.fork() == 0:\n\
+             \x20   os.setsid()\n\
+             \x20   if os.fork() == 0:\n\
+             \x20       os.close(r)\n\
+             \x20       os.set_inheritable(w, True)\n\
+             \x20       daemon = ('import os, signal, sys, time\\n'\n\
+             \x20                 'signal.signal(signal.SIGHUP, signal.SIG_IGN)\\n'\n\
+             \x20                 'os.write(int(sys.argv[1]), b\"up\")\\n'\n\
+             \x20                 'time.sleep(1000)\\n')\n\
+             \x20       os.execv(sys.executable, [sys.executable, '-c', daemon, str(w), '{tag}'])\n\
+             \x20   os._exit(0)\n\
+             os.close(w)\n\
+             os.wait()\n\
+             print(os.read(r, 2).decode())\n"
+        );
+        let answer = post_run(&forked, None, &python(&code)).await;
+        assert_eq!(answer.status, 200, "{:#}", answer.body);
+        assert_eq!(
+            answer.body["stdout"], "up\n",
+            "the daemon never ran: {:#}",
+            answer.body
+        );
+        assert_eq!(
+            host_pids_with(&tag),
+            Vec::<u32>::new(),
+            "a process of the job outlived its reply"
+        );
+    }
+    assert_eq!(forked_hits(&forked).await, 3, "{}", forked.log());
 }
