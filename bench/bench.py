@@ -282,14 +282,14 @@ def observation_then_exit(airlock, policy, work, runs):
     return read, exited
 
 
-def start_server(airlock, policy, work, name, backend="native", environ=None):
-    """`airlock serve` on a free port of 127.0.0.1, in `environ` (default: ours); its
-    process and address."""
+def start_server(airlock, policy, work, name, backend="native", environ=None, extra_args=()):
+    """`airlock serve` on a free port of 127.0.0.1, in `environ` (default: ours), with
+    `extra_args` after ours; its process and address."""
     env = dict(os.environ if environ is None else environ,
                AIRLOCK_STATE_DIR=os.path.join(work, f"state-{name}"), AIRLOCK_LOG="warn")
     proc = subprocess.Popen(
         [airlock, "serve", "--listen", "127.0.0.1:0", "--policy", policy, "--queue", "1000",
-         "--backend", backend],
+         "--backend", backend, *extra_args],
         stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stderr:
         m = re.search(r"listening on http://([0-9.]+):(\d+)", line)

@@ -17,7 +17,7 @@ use airlock_core::{
     Teardown,
 };
 use airlock_host::ids::IdMapping;
-use airlock_host::jobdir::{JobDir, RuntimeDir};
+use airlock_host::jobdir::{JobDir, RuntimeDir, WorkBacking};
 use airlock_host::out::OutCaps;
 use bollard::Docker;
 use futures_core::Stream;
@@ -205,8 +205,8 @@ impl DockerBackend {
         let (ready, image) = self.checked(job).await?;
 
         // Dropped in reverse: the container first, then /out, then the directory.
-        let jobdir =
-            JobDir::create(&self.runtime_dir, job, &JOB_IDS).map_err(DockerError::JobDir)?;
+        let jobdir = JobDir::create(&self.runtime_dir, job, &JOB_IDS, WorkBacking::Directory)
+            .map_err(DockerError::JobDir)?;
         let empty_file = self.create_empty_file(job.id.as_str())?;
         let jobdir_path = self.runtime_dir.path().join(job.id.as_str());
         let out = if job.filesystem.out.enabled {

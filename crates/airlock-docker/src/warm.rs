@@ -29,7 +29,7 @@ use airlock_core::warm::{WarmPool, WarmPoolConfig, WarmSandboxes};
 use airlock_core::{
     Backend, BackendKind, BoxFuture, Capabilities, JobId, JobSpec, OutputTap, RunReport, Teardown,
 };
-use airlock_host::jobdir::JobDir;
+use airlock_host::jobdir::{JobDir, WorkBacking};
 use bollard::query_parameters::WaitContainerOptions;
 
 use crate::Flavor;
@@ -120,8 +120,13 @@ impl WarmContainers {
         let backend = &self.backend;
         let (ready, image) = backend.checked(&self.template).await?;
         let sandbox = format!("warm-{}", JobId::generate().as_str());
-        let jobdir = JobDir::create_empty(backend.runtime_dir(), &sandbox, &JOB_IDS)
-            .map_err(DockerError::JobDir)?;
+        let jobdir = JobDir::create_empty(
+            backend.runtime_dir(),
+            &sandbox,
+            &JOB_IDS,
+            WorkBacking::Directory,
+        )
+        .map_err(DockerError::JobDir)?;
         let empty_file = backend.create_empty_file(&sandbox)?;
         let files = ContainerFiles {
             image: &image,

@@ -1,9 +1,11 @@
-//! The per-job directory on the host: `<runtime>/<job id>/` with `work/` (bound at `/work`)
-//! and `root/` (the mount point of the new root's tmpfs, inside the job's mount namespace
-//! only). Removed after the job.
+//! The per-job directory on the host: `<runtime>/<job id>/` with `root/` (the mount point
+//! of the new root's tmpfs, inside the job's mount namespace only) and the job's `/work`:
+//! a directory `work/` bound by path, or a tmpfs of its own mounted nowhere on the host
+//! ([`WorkBacking`]). Removed after the job.
 
 use std::fs;
 use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -156,30 +158,65 @@ pub const TRUST_BUNDLE_FILE: &str = "trust-bundle.pem";
 /// A job directory without a lock file younger than this may still be under construction.
 pub const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Where a job directory keeps the job's `/work`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkBacking {
+    /// A directory `work/` of the job directory, bound at `/work` by its path: what a
+    /// container engine binds, and what a session's workspace link replaces. The job's
+    /// mount table shows that host path as the mount's root.
+    Directory,
+    /// A tmpfs of its own (`size_bytes` at most), created detached (`fsopen`, `fsmount`)
+    /// and so mounted nowhere on the host: the host writes the job's files through its
+    /// descriptor and the sandbox attaches it at `/work`, so the job's mount table shows
+    /// the root of a filesystem of its own, no host path. It needs CAP_SYS_ADMIN on the
+    /// host (root mode); where the kernel refuses it, the job directory falls back to
+    /// [`WorkBacking::Directory`].
+    DetachedTmpfs {
+        /// The tmpfs's size cap.
+        size_bytes: u64,
+    },
+}
+
 /// One job's directory. Removed on drop.
 #[derive(Debug)]
 pub struct JobDir {
     path: PathBuf,
     removed: bool,
+    /// The detached tmpfs of `/work` ([`WorkBacking::DetachedTmpfs`]), kept open: the
+    /// host writes a warm sandbox's job into it after the sandbox has attached it.
+    work_mount: Option<OwnedFd>,
     /// Held (flock) while the job lives: a directory whose lock can be taken belongs to a
     /// supervisor that died, and is swept by the next one.
     _lock: std::os::fd::OwnedFd,
 }
 
 impl JobDir {
-    /// Creates the directory, writes the source and the input files into `work/`.
-    pub fn create(runtime: &RuntimeDir, job: &JobSpec, ids: &IdMapping) -> Result<Self, HostError> {
-        let dir = Self::create_empty(runtime, job.id.as_str(), ids)?;
+    /// Creates the directory, writes the source and the input files into the job's
+    /// `/work`. A session's job always has a [`WorkBacking::Directory`]: its `work` becomes
+    /// a link to the session's workspace.
+    pub fn create(
+        runtime: &RuntimeDir,
+        job: &JobSpec,
+        ids: &IdMapping,
+        backing: WorkBacking,
+    ) -> Result<Self, HostError> {
+        let backing = if job.workspace.is_some() {
+            WorkBacking::Directory
+        } else {
+            backing
+        };
+        let dir = Self::create_empty(runtime, job.id.as_str(), ids, backing)?;
         dir.write_job(job, ids)?;
         Ok(dir)
     }
 
-    /// Creates the directory `<runtime>/<name>` with an empty `work/` (a warm sandbox's,
+    /// Creates the directory `<runtime>/<name>` with an empty `/work` (a warm sandbox's,
     /// whose job comes later).
     pub fn create_empty(
         runtime: &RuntimeDir,
         name: &str,
         ids: &IdMapping,
+        backing: WorkBacking,
     ) -> Result<Self, HostError> {
         let path = runtime.path().join(name);
         let create_err = |source: io::Error| HostError::CreateJobDir {
@@ -204,9 +241,10 @@ impl JobDir {
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(|e| create_err(e.into()))?;
         fs::rename(&unlocked, path.join(LOCK_FILE)).map_err(create_err)?;
-        let dir = Self {
+        let mut dir = Self {
             path: path.clone(),
             removed: false,
+            work_mount: None,
             _lock: lock,
         };
         // The sandbox init runs as the namespace's root, an unprivileged host uid: it
@@ -219,10 +257,23 @@ impl JobDir {
             )
             .map_err(|e| create_err(e.into()))?;
         }
-        for sub in ["root", "work"] {
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(path.join("root"))
+            .map_err(create_err)?;
+        if let WorkBacking::DetachedTmpfs { size_bytes } = backing {
+            match detached_tmpfs(size_bytes) {
+                Ok(mount) => dir.work_mount = Some(mount),
+                Err(e) => tracing::debug!(
+                    error = %e,
+                    "no detached tmpfs for /work here; it is a directory bound by path"
+                ),
+            }
+        }
+        if dir.work_mount.is_none() {
             fs::DirBuilder::new()
                 .mode(0o755)
-                .create(path.join(sub))
+                .create(path.join("work"))
                 .map_err(create_err)?;
         }
         Ok(dir)
@@ -233,6 +284,9 @@ impl JobDir {
     pub fn write_job(&self, job: &JobSpec, ids: &IdMapping) -> Result<(), HostError> {
         if let Some(workspace) = &job.workspace {
             return self.write_session_job(job, workspace, ids);
+        }
+        if let Some(mount) = &self.work_mount {
+            return self.write_job_at(mount, job, ids);
         }
         let work = self.work();
         write_new_file(&work.join(&job.source_file), &job.source, false)?;
@@ -257,6 +311,47 @@ impl JobDir {
                     source,
                 }
             })?;
+        }
+        Ok(())
+    }
+
+    /// [`JobDir::write_job`] into the detached tmpfs of `/work`, through its descriptor.
+    fn write_job_at(
+        &self,
+        mount: &OwnedFd,
+        job: &JobSpec,
+        ids: &IdMapping,
+    ) -> Result<(), HostError> {
+        let err = |source: io::Error| HostError::WriteInput {
+            path: self.work(),
+            source,
+        };
+        let root = rustix::fs::openat(
+            mount,
+            ".",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| err(e.into()))?;
+        let in_work = |rel: &str| self.work().join(rel);
+        write_new_file_at(&root, Path::new(&job.source_file), &job.source, false).map_err(
+            |source| HostError::WriteInput {
+                path: in_work(&job.source_file),
+                source,
+            },
+        )?;
+        for file in &job.files {
+            write_new_file_at(&root, Path::new(&file.path), &file.content, file.executable)
+                .map_err(|source| HostError::WriteInput {
+                    path: in_work(&file.path),
+                    source,
+                })?;
+        }
+        if job.filesystem.workdir == WorkdirMode::Rw {
+            crate::workspace::chown_tree_at(&root, ids.job_host_uid(), ids.job_host_gid())
+                .map_err(|e| err(e.into()))?;
         }
         Ok(())
     }
@@ -322,9 +417,16 @@ impl JobDir {
         Ok(path)
     }
 
-    /// The directory bound at `/work`.
+    /// The directory bound at `/work` when it is a [`WorkBacking::Directory`] (also the
+    /// name errors about `/work` show).
     pub fn work(&self) -> PathBuf {
         self.path.join("work")
+    }
+
+    /// The detached tmpfs of `/work`, when the job directory has one
+    /// ([`WorkBacking::DetachedTmpfs`]): the sandbox attaches it.
+    pub fn work_mount(&self) -> Option<BorrowedFd<'_>> {
+        self.work_mount.as_ref().map(AsFd::as_fd)
     }
 
     /// The mount point of the new root.
@@ -353,6 +455,54 @@ impl Drop for JobDir {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot remove job directory");
         }
     }
+}
+
+/// A tmpfs mounted nowhere: `fsopen`, then `fsmount`, whose descriptor is the only way to
+/// it until a sandbox attaches it.
+fn detached_tmpfs(size_bytes: u64) -> io::Result<OwnedFd> {
+    use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags};
+    let context = rustix::mount::fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    rustix::mount::fsconfig_set_string(&context, "size", size_bytes.to_string().as_str())?;
+    rustix::mount::fsconfig_set_string(&context, "mode", "0755")?;
+    // What a job's mount table shows as its source (the new root is `airlock`).
+    rustix::mount::fsconfig_set_string(&context, "source", "airlock-work")?;
+    rustix::mount::fsconfig_create(&context)?;
+    Ok(rustix::mount::fsmount(
+        &context,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
+    )?)
+}
+
+/// Writes a new file at `rel` below `root`, making its directories; never through a link,
+/// never over an existing file (as [`write_new_file`]).
+fn write_new_file_at(
+    root: &OwnedFd,
+    rel: &Path,
+    content: &[u8],
+    executable: bool,
+) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let components: Vec<&std::ffi::OsStr> = rel.iter().collect();
+    let Some((name, parents)) = components.split_last() else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let directory = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = rustix::io::dup(root)?;
+    for part in parents {
+        match rustix::fs::mkdirat(&dir, *part, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        dir = rustix::fs::openat(&dir, *part, directory, Mode::empty())?;
+    }
+    let file = rustix::fs::openat(
+        &dir,
+        *name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(if executable { 0o755 } else { 0o644 }),
+    )?;
+    fs::File::from(file).write_all(content)
 }
 
 fn write_new_file(path: &Path, content: &[u8], executable: bool) -> Result<(), HostError> {
@@ -412,9 +562,9 @@ mod tests {
             host_uid: rustix::process::geteuid().as_raw(),
             host_gid: rustix::process::getegid().as_raw(),
         };
-        let live = JobDir::create(&runtime, &spec(), &ids).unwrap();
+        let live = JobDir::create(&runtime, &spec(), &ids, WorkBacking::Directory).unwrap();
         let dead_job = spec();
-        let dead = JobDir::create(&runtime, &dead_job, &ids).unwrap();
+        let dead = JobDir::create(&runtime, &dead_job, &ids, WorkBacking::Directory).unwrap();
         assert_eq!(runtime.stale_jobs().unwrap(), Vec::<String>::new());
         // What a killed supervisor leaves: the directory, its lock released.
         dead.abandon();
@@ -439,7 +589,7 @@ mod tests {
             content: b"hi".to_vec(),
             executable: true,
         }];
-        let dir = JobDir::create(&runtime, &job, &ids).unwrap();
+        let dir = JobDir::create(&runtime, &job, &ids, WorkBacking::Directory).unwrap();
         let f = dir.work().join("d/e/f.txt");
         assert_eq!(fs::read(&f).unwrap(), b"hi");
         assert_eq!(fs::metadata(&f).unwrap().mode() & 0o777, 0o755);
@@ -451,6 +601,63 @@ mod tests {
         drop(dir);
         assert!(!path.exists());
     }
+    /// A detached `/work` holds the job's files, reached only through its descriptor: the
+    /// job directory has no `work/`, and nothing of it is in the host's mount table.
+    #[test]
+    fn a_detached_work_tmpfs_holds_the_files_and_is_mounted_nowhere() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: a detached tmpfs needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let runtime = RuntimeDir::open(&tmp.path().join("rt")).unwrap();
+        let ids = IdMapping::Root {
+            host_base: 1_000_000,
+        };
+        let mut job = spec();
+        job.files = vec![airlock_core::job::JobFile {
+            path: "d/e/f.txt".into(),
+            content: b"hi".to_vec(),
+            executable: true,
+        }];
+        let mounts_before = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = JobDir::create(
+            &runtime,
+            &job,
+            &ids,
+            WorkBacking::DetachedTmpfs {
+                size_bytes: 1 << 20,
+            },
+        )
+        .unwrap();
+        let mount = dir.work_mount().expect("root has a detached tmpfs");
+        assert!(!dir.work().exists(), "no work/ directory beside it");
+        let read = |rel: &str| {
+            let fd = rustix::fs::openat(
+                mount,
+                rel,
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap();
+            let meta = rustix::fs::fstat(&fd).unwrap();
+            let mut content = Vec::new();
+            io::Read::read_to_end(&mut fs::File::from(fd), &mut content).unwrap();
+            (content, meta.st_mode & 0o777)
+        };
+        assert_eq!(read("d/e/f.txt"), (b"hi".to_vec(), 0o755));
+        assert_eq!(read(".airlock-main.sh").0, b"true");
+        let statfs = rustix::fs::fstatfs(mount).unwrap();
+        assert_eq!(statfs.f_type, libc::TMPFS_MAGIC);
+        assert_eq!(
+            fs::read_to_string("/proc/self/mountinfo").unwrap(),
+            mounts_before,
+            "the host's mount table is unchanged"
+        );
+        drop(dir);
+        assert_eq!(runtime.job_dirs().unwrap(), Vec::<String>::new());
+    }
+
     #[test]
     fn one_sweep_at_a_time_and_its_lock_is_not_a_job() {
         let tmp = tempfile::tempdir().unwrap();

@@ -765,17 +765,23 @@ fn list_dir(
 /// never following a link. Called before a job of the session starts, while none runs.
 pub fn chown_workspace(path: &Path, uid: u32, gid: u32) -> Result<(), HostError> {
     let root = open_root(path)?;
-    let owner = (
-        Some(rustix::fs::Uid::from_raw(uid)),
-        Some(rustix::fs::Gid::from_raw(gid)),
-    );
     let err = |source: std::io::Error| HostError::Workspace {
         op: "hand to the job's uid",
         path: path.to_owned(),
         source,
     };
-    rustix::fs::fchown(&root, owner.0, owner.1).map_err(|e| err(e.into()))?;
-    chown_below(&root, owner, 0).map_err(|e| err(e.into()))
+    chown_tree_at(&root, uid, gid).map_err(|e| err(e.into()))
+}
+
+/// Hands the directory `root` and everything below it to `uid` and `gid`, never following
+/// a link.
+pub fn chown_tree_at(root: &OwnedFd, uid: u32, gid: u32) -> Result<(), Errno> {
+    let owner = (
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    );
+    rustix::fs::fchown(root, owner.0, owner.1)?;
+    chown_below(root, owner, 0)
 }
 
 fn chown_below(

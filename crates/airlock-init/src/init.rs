@@ -33,11 +33,14 @@ use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions};
 
 use crate::plan::{
     CONTROL_FD, HANDOFF_FD, IdMapping, InitEvent, JOB_ID_IN_SANDBOX, MountOptions, MountStep,
-    PLAN_FD, ProgramRole, RlimitResource, STATUS_FD, SandboxPlan, Usage,
+    PLAN_FD, ProgramRole, RlimitResource, STATUS_FD, SandboxPlan, Usage, WORK_MOUNT_FD,
 };
 
 /// Largest plan accepted (the seccomp programs and environment dominate).
 const PLAN_MAX_BYTES: u64 = 4 << 20;
+
+/// Largest file a [`MountStep::FileCopy`] copies (a CA bundle is a few hundred KiB).
+const FILE_COPY_MAX_BYTES: u64 = 8 << 20;
 
 /// The sandbox's OOM score: the kernel's first choice when the memory limit is hit. The
 /// helper sets it for itself, so the init and the job inherit it; among equal scores the
@@ -157,6 +160,15 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     } else {
         None
     };
+    let work_mount = if plan
+        .mounts
+        .iter()
+        .any(|step| matches!(step, MountStep::AttachWork { .. }))
+    {
+        Some(process::claim_inherited_fd(WORK_MOUNT_FD).step(|| "claim /work's mount".into())?)
+    } else {
+        None
+    };
 
     // 0. Die with the supervisor: if it is killed, the sandbox must not outlive it. If it
     //    died before the signal was armed, we have already been reparented.
@@ -226,11 +238,12 @@ fn run_helper(status: &OwnedFd) -> Result<(), StepFailure> {
     let init = match process::fork().step(|| "fork init".into())? {
         Fork::Child => {
             drop(alive_write);
-            run_init(plan, status, alive_read, handoff)
+            run_init(plan, status, alive_read, handoff, work_mount)
         }
         Fork::Parent(pid) => pid,
     };
     drop(alive_read);
+    drop(work_mount);
     // As root we are still host uid 0 inside the namespace (the init needed that): become
     // the namespace's root, which owns nothing of the host.
     if plan.namespace_owner.is_some() {
@@ -421,8 +434,14 @@ fn run_mapper(go: &OwnedFd, helper: Pid, ids: &IdMapping) -> Result<(), StepFail
 }
 
 /// Pid 1 of the sandbox.
-fn run_init(plan: SandboxPlan, status: &OwnedFd, alive: OwnedFd, handoff: Option<OwnedFd>) -> ! {
-    match init_and_spawn(&plan, status, alive, handoff) {
+fn run_init(
+    plan: SandboxPlan,
+    status: &OwnedFd,
+    alive: OwnedFd,
+    handoff: Option<OwnedFd>,
+    work_mount: Option<OwnedFd>,
+) -> ! {
+    match init_and_spawn(&plan, status, alive, handoff, work_mount) {
         Ok(job) => reap_until_job_exits(Some(status), job, plan.program == ProgramRole::Zygote),
         Err(failure) => {
             if !failure.reported {
@@ -438,6 +457,7 @@ fn init_and_spawn(
     status: &OwnedFd,
     alive: OwnedFd,
     handoff: Option<OwnedFd>,
+    work_mount: Option<OwnedFd>,
 ) -> Result<Pid, StepFailure> {
     if plan.namespace_owner.is_some() {
         // Still host uid 0 (see enter_owned_user_namespace), now in the new pid namespace:
@@ -468,7 +488,7 @@ fn init_and_spawn(
     }
     drop(alive);
 
-    build_root(plan)?;
+    build_root(plan, work_mount)?;
     rustix::system::sethostname(plan.hostname.as_bytes()).step(|| "sethostname".into())?;
     if plan.loopback_up {
         airlock_sys::net::bring_up_loopback().step(|| "bring up lo".into())?;
@@ -727,7 +747,7 @@ fn mkdir_all(path: &Path, mode: u32) -> io::Result<()> {
         .create(path)
 }
 
-fn build_root(plan: &SandboxPlan) -> Result<(), StepFailure> {
+fn build_root(plan: &SandboxPlan, mut work_mount: Option<OwnedFd>) -> Result<(), StepFailure> {
     let root = &plan.new_root;
     // Nothing done here may propagate back to the host's mount namespace.
     sysmount::mount(None, c"/", None, flags::REC | flags::PRIVATE, None)
@@ -745,7 +765,7 @@ fn build_root(plan: &SandboxPlan) -> Result<(), StepFailure> {
     .step(|| "mount root tmpfs".into())?;
 
     for step in &plan.mounts {
-        apply_step(root, step)?;
+        apply_step(root, step, &mut work_mount)?;
     }
 
     // pivot_root(".", "."): the old root ends up stacked on the new one and is detached.
@@ -764,7 +784,12 @@ fn build_root(plan: &SandboxPlan) -> Result<(), StepFailure> {
     Ok(())
 }
 
-fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
+/// Applies one step; `work_mount` is taken by the [`MountStep::AttachWork`] step.
+fn apply_step(
+    root: &Path,
+    step: &MountStep,
+    work_mount: &mut Option<OwnedFd>,
+) -> Result<(), StepFailure> {
     match step {
         MountStep::Mkdir { target, mode } => {
             let path = root.join(target);
@@ -862,6 +887,84 @@ fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
             .step(|| format!("bind {} to /{target}", source.display()))?;
             remount_bind(&path, options)?;
         }
+        MountStep::FileCopy {
+            source,
+            target,
+            options,
+        } => {
+            let mut content = Vec::new();
+            fs::File::open(source)
+                .and_then(|file| file.take(FILE_COPY_MAX_BYTES + 1).read_to_end(&mut content))
+                .step(|| format!("read {}", source.display()))?;
+            if content.len() as u64 > FILE_COPY_MAX_BYTES {
+                return Err(bad_input(
+                    "copy a file",
+                    &format!(
+                        "{} is larger than {FILE_COPY_MAX_BYTES} bytes",
+                        source.display()
+                    ),
+                ));
+            }
+            let stage = root.join(".airlock-stage");
+            mkdir_all(&stage, 0o700).step(|| "mkdir the staging directory".into())?;
+            let stage_c = cpath(&stage)?;
+            let data = CString::new(format!("size={},mode=0755", content.len() + 65536))
+                .map_err(|_| StepFailure::already_reported())?;
+            sysmount::mount(
+                Some(c"airlock-file"),
+                &stage_c,
+                Some(c"tmpfs"),
+                flags::NOSUID | flags::NODEV | flags::NOEXEC,
+                Some(&data),
+            )
+            .step(|| "mount the staging tmpfs".into())?;
+            let copy = stage.join("file");
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&copy)
+                .and_then(|mut file| io::Write::write_all(&mut file, &content))
+                .step(|| format!("copy {}", source.display()))?;
+            fs::set_permissions(&copy, fs::Permissions::from_mode(0o644))
+                .step(|| format!("chmod the copy of {}", source.display()))?;
+            let path = root.join(target);
+            sysmount::mount(
+                Some(&cpath(&copy)?),
+                &cpath(&path)?,
+                None,
+                flags::BIND,
+                None,
+            )
+            .step(|| format!("bind the copy of {} to /{target}", source.display()))?;
+            remount_bind(&path, options)?;
+            // The bind keeps the copy; the staging mount and directory go.
+            sysmount::unmount_detach(&stage_c).step(|| "detach the staging tmpfs".into())?;
+            fs::remove_dir(&stage).step(|| "remove the staging directory".into())?;
+        }
+        MountStep::AttachWork { target, options } => {
+            let Some(mount) = work_mount.take() else {
+                return Err(bad_input(
+                    "attach /work",
+                    "no detached mount was handed over",
+                ));
+            };
+            let path = root.join(target);
+            mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
+            rustix::mount::move_mount(
+                &mount,
+                "",
+                rustix::fs::CWD,
+                &path,
+                rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            )
+            .step(|| format!("attach the job's mount at /{target}"))?;
+            drop(mount);
+            let c = cpath(&path)?;
+            sysmount::mount(Some(&c), &c, None, flags::BIND, None)
+                .step(|| format!("bind /{target} onto itself"))?;
+            remount_bind(&path, options)?;
+        }
         MountStep::Overlay {
             lower,
             spare,
@@ -870,7 +973,20 @@ fn apply_step(root: &Path, step: &MountStep) -> Result<(), StepFailure> {
         } => {
             let path = root.join(target);
             mkdir_all(&path, 0o755).step(|| format!("mkdir /{target}"))?;
+            // The layers are named relative to the spare's grandparent (a prepared root's
+            // directory of copies: `copy-<key>/root/usr:copy-<key>/empty`), our working
+            // directory for the mount: overlayfs shows the names as given in the job's
+            // mount table, which then holds no host path.
+            let base = spare
+                .parent()
+                .and_then(Path::parent)
+                .filter(|base| base.parent().is_some());
+            if let Some(base) = base {
+                rustix::process::chdir(base)
+                    .step(|| format!("chdir {} for the overlay's layers", base.display()))?;
+            }
             let layer = |p: &Path| -> Result<String, StepFailure> {
+                let p = base.and_then(|base| p.strip_prefix(base).ok()).unwrap_or(p);
                 let text = p.to_str().unwrap_or(",");
                 // overlayfs splits its options on ',' and its layers on ':'.
                 if text.contains([',', ':', '\\']) {

@@ -31,6 +31,11 @@ pub const HANDOFF_FD: i32 = 5;
 /// and end-of-file starts the job. Only the supervisor holds the write end.
 pub const CONTROL_FD: i32 = 6;
 
+/// The descriptor number of the job's `/work` when it is a tmpfs mounted nowhere on the
+/// host (`airlock_host::jobdir::WorkBacking::DetachedTmpfs`): the init attaches it
+/// ([`MountStep::AttachWork`]), so the job's mount table names no host path.
+pub const WORK_MOUNT_FD: i32 = 7;
+
 /// The port of the egress proxy on the job's own 127.0.0.1.
 pub const PROXY_PORT: u16 = airlock_core::job::PROXY_PORT;
 
@@ -165,6 +170,27 @@ pub enum MountStep {
         options: MountOptions,
         /// Skip silently when the source does not exist (optional extras such as CA certs).
         optional: bool,
+    },
+    /// Mount over the file `target` a copy of the host file `source`, held in a tmpfs of
+    /// its own (staged, bound, then the staging mount detached): the job's mount table
+    /// then names that tmpfs's file, not the host path (the job's CA bundle).
+    FileCopy {
+        /// Host file (a few MiB at most).
+        source: PathBuf,
+        /// An existing file in the new root.
+        target: String,
+        /// Options.
+        options: MountOptions,
+    },
+    /// Attach the detached mount handed over on [`WORK_MOUNT_FD`] at `target`, then bind
+    /// it onto itself with `options`: the job's view is that bind, so a read-only `/work`
+    /// leaves the supervisor's descriptor writable (a warm sandbox's job is written
+    /// through it after the sandbox is built).
+    AttachWork {
+        /// Mount point in the new root (created if missing).
+        target: String,
+        /// Options.
+        options: MountOptions,
     },
     /// Mount a read-only overlayfs whose layers are `lower` and the empty `spare`
     /// (overlayfs needs two lower layers when it has no upper one): the files of `lower`

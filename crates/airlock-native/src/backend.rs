@@ -5,7 +5,7 @@
 //! processes, removing the sandbox), `host_checks.rs` (what opening checks of the host) and
 //! `sweep.rs` (what a dead instance left).
 
-use airlock_host::jobdir::{JobDir, RuntimeDir};
+use airlock_host::jobdir::{JobDir, RuntimeDir, WorkBacking};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -221,6 +221,19 @@ impl NativeBackend {
         self.ids
     }
 
+    /// Where `job`'s directory keeps `/work`: as root, a tmpfs of its own mounted nowhere
+    /// on the host, of the job's memory size (its pages are charged to the job's memory
+    /// anyway), so the job's mount table shows no host path; rootless, where the kernel
+    /// lets airlock make none, a directory bound by path.
+    pub(crate) fn work_backing(&self, job: &JobSpec) -> WorkBacking {
+        match self.ids {
+            IdMapping::Root { .. } => WorkBacking::DetachedTmpfs {
+                size_bytes: job.limits.memory.as_u64(),
+            },
+            IdMapping::Rootless { .. } => WorkBacking::Directory,
+        }
+    }
+
     fn check_supported(&self, job: &JobSpec) -> Result<(), NativeError> {
         if let RootfsSpec::Image { reference, digest } = &job.filesystem.rootfs {
             // Before anything of the job exists: the image must be in the store; unpacked
@@ -286,7 +299,7 @@ impl NativeBackend {
         self.check_supported(job)?;
         let proxy_config = proxy_config(job)?;
         tracing::debug!(job_id = %job.id, "creating sandbox");
-        let jobdir = JobDir::create(&self.runtime, job, &self.ids)?;
+        let jobdir = JobDir::create(&self.runtime, job, &self.ids, self.work_backing(job))?;
         let trust_bundle = match proxy_config.as_ref().and_then(|c| c.trust_bundle_pem()) {
             Some(pem) => Some(jobdir.write_trust_bundle(pem)?),
             None => None,
@@ -295,7 +308,12 @@ impl NativeBackend {
         let plan = self.plan(job, &jobdir, cgroup.as_ref(), trust_bundle.as_deref())?;
         tracing::debug!(job_id = %job.id, "plan ready");
         let supervised = match self
-            .launch(job.id.as_str(), &plan, job.stdin.is_some())
+            .launch(
+                job.id.as_str(),
+                &plan,
+                job.stdin.is_some(),
+                jobdir.work_mount(),
+            )
             .await
         {
             Ok(launched) => self.finish(job, launched, tap, proxy_config, None).await,

@@ -81,7 +81,7 @@ pub(crate) struct HelperCommand<'a> {
     /// Whether its stdin is a pipe (else `/dev/null`).
     pub(crate) stdin_piped: bool,
     /// Descriptors it gets at fixed numbers.
-    pub(crate) fds: &'a [(&'a OwnedFd, RawFd)],
+    pub(crate) fds: &'a [(BorrowedFd<'a>, RawFd)],
 }
 
 impl Helper {
@@ -235,7 +235,7 @@ fn start_in_cgroup(command: &HelperCommand<'_>, dir: &Path) -> Result<Started, S
         (stdout_child.as_fd(), 1),
         (stderr_child.as_fd(), 2),
     ];
-    fds.extend(command.fds.iter().map(|(fd, target)| (fd.as_fd(), *target)));
+    fds.extend(command.fds.iter().copied());
     let request = SpawnRequest {
         program: &program,
         argv: &argv,

@@ -4,6 +4,7 @@
 
 use airlock_host::jobdir::JobDir;
 use airlock_host::out::OUT_SPARE_INODES;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,11 +22,11 @@ use crate::error::NativeError;
 use crate::helper::{Helper, HelperCommand, HelperInput, HelperOutput, Placement, Started};
 use crate::host_checks::memfd_noexec_available;
 use crate::minimal_root::ProgramState;
-use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout};
+use crate::mount_plan::{self, JobMounts, OutMount, ROOT_TMPFS_BYTES, RootfsLayout, WorkdirSource};
 use crate::plan::{
     CONTROL_FD, HANDOFF_FD, INIT_ARG, INIT_PROCESSES, IdMapping, InitEvent, MSGQUEUE_RLIMIT_BYTES,
-    NAMESPACE_OWNER_SLOTS, PLAN_FD, PROXY_PORT, ProgramRole, RlimitResource, RlimitSetting,
-    SIGPENDING_RLIMIT, STATUS_FD, SandboxPlan, USER_NAMESPACE_LIMITS,
+    MountStep, NAMESPACE_OWNER_SLOTS, PLAN_FD, PROXY_PORT, ProgramRole, RlimitResource,
+    RlimitSetting, SIGPENDING_RLIMIT, STATUS_FD, SandboxPlan, USER_NAMESPACE_LIMITS, WORK_MOUNT_FD,
 };
 
 /// RLIMIT_CORE of the job: 1, not 0. The kernel ignores the core limit when
@@ -143,7 +144,10 @@ impl NativeBackend {
         let mounts = mount_plan::build_mount_plan(
             &layout,
             &JobMounts {
-                workdir: jobdir.work(),
+                workdir: match jobdir.work_mount() {
+                    Some(_) => WorkdirSource::DetachedMount,
+                    None => WorkdirSource::Directory(jobdir.work()),
+                },
                 workdir_mode: job.filesystem.workdir,
                 tmp_bytes: job.limits.tmp.as_u64(),
                 session_tmp: job.session_tmp.clone(),
@@ -248,12 +252,25 @@ impl NativeBackend {
 
     /// Starts the helper with `plan` and waits until the program has started (phase 1:
     /// sandbox construction, up to the program's exec). `label` names the sandbox in logs.
+    /// `work_mount`: the job directory's detached `/work` ([`JobDir::work_mount`]), which
+    /// a plan that attaches one needs.
     pub(crate) async fn launch(
         &self,
         label: &str,
         plan: &SandboxPlan,
         stdin_piped: bool,
+        work_mount: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Launched, NativeError> {
+        let attaches_work = plan
+            .mounts
+            .iter()
+            .any(|step| matches!(step, MountStep::AttachWork { .. }));
+        if attaches_work != work_mount.is_some() {
+            return Err(NativeError::Helper(
+                "the plan and the job directory disagree on whether /work is a detached tmpfs"
+                    .into(),
+            ));
+        }
         let spawned_at = Instant::now();
         let (plan_read, plan_write) = cloexec_pipe()?;
         let (status_read, status_write) = cloexec_pipe()?;
@@ -275,12 +292,18 @@ impl NativeBackend {
         } else {
             None
         };
-        let mut fds = vec![(&plan_read, PLAN_FD), (&status_write, STATUS_FD)];
+        let mut fds = vec![
+            (plan_read.as_fd(), PLAN_FD),
+            (status_write.as_fd(), STATUS_FD),
+        ];
         if let Some((_, child_end)) = &handoff {
-            fds.push((child_end, HANDOFF_FD));
+            fds.push((child_end.as_fd(), HANDOFF_FD));
         }
         if let Some((control_read, _)) = &control {
-            fds.push((control_read, CONTROL_FD));
+            fds.push((control_read.as_fd(), CONTROL_FD));
+        }
+        if let Some(mount) = work_mount {
+            fds.push((mount, WORK_MOUNT_FD));
         }
         // On cgroup v2 the helper is created inside the job's group (one cgroup.procs file,
         // whose directory is the group); it then has nothing to join.

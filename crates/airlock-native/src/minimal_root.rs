@@ -1062,7 +1062,9 @@ fn remove_old_copies(dir: &Path, keep: &str) {
             .and_then(|m| m.elapsed().ok())
             .is_some_and(|age| age > OLD_COPY_MAX_AGE);
         let path = entry.path();
-        let mounted = in_use.get_or_insert_with(mounted_copies).contains(&path);
+        let mounted = in_use
+            .get_or_insert_with(|| mounted_copies(dir))
+            .contains(&path);
         if too_old || !mounted {
             let _ = fs::remove_dir_all(&path);
         }
@@ -1071,8 +1073,11 @@ fn remove_old_copies(dir: &Path, keep: &str) {
 
 /// The prepared copies some process's mount table has an overlay layer of: every
 /// sandbox's mount namespace is some process's, so a copy a job, a warm sandbox or a
-/// zygote uses is listed here while it does.
-fn mounted_copies() -> BTreeSet<PathBuf> {
+/// zygote uses is listed here while it does. The sandbox init names a copy's layers
+/// relative to its directory of copies (`copy-<key>/empty`, so that no host path shows
+/// in a job's mount table): a relative layer is taken to be one of `dir`'s. One of
+/// another directory of copies with the same name only keeps `dir`'s copy a while longer.
+fn mounted_copies(dir: &Path) -> BTreeSet<PathBuf> {
     let mut copies = BTreeSet::new();
     let Ok(procs) = fs::read_dir("/proc") else {
         return copies;
@@ -1099,8 +1104,10 @@ fn mounted_copies() -> BTreeSet<PathBuf> {
                     continue;
                 };
                 for layer in layers.split(':') {
-                    // `<dir>/copy-<key>/root` or `…/empty`: the copy is the parent.
-                    if let Some(copy) = Path::new(&unescape_mountinfo(layer)).parent() {
+                    // `copy-<key>/root/<entry>` or `copy-<key>/empty` (older inits named them
+                    // absolutely): the copy is the spare's parent.
+                    let layer = dir.join(unescape_mountinfo(layer));
+                    if let Some(copy) = layer.parent() {
                         copies.insert(copy.to_owned());
                     }
                 }
@@ -1424,21 +1431,16 @@ mod tests {
         fs::create_dir(dir.path().join(".tmp-1-2")).unwrap();
         let target = dir.path().join("mnt");
         fs::create_dir(&target).unwrap();
-        let old = dir.path().join("copy-old");
-        let options = format!(
-            "lowerdir={}:{}",
-            old.join("root").display(),
-            old.join("empty").display()
-        );
-        let data = std::ffi::CString::new(options).unwrap();
-        rustix::mount::mount(
-            "airlock-test",
-            &target,
-            "overlay",
-            rustix::mount::MountFlags::RDONLY,
-            data.as_c_str(),
-        )
-        .unwrap();
+        // Named as the sandbox init names them: relative to the directory of copies, the
+        // mount's working directory (mount(8) passes the options as they are).
+        let mounted = std::process::Command::new("mount")
+            .current_dir(dir.path())
+            .args(["-t", "overlay", "airlock-test", "-o"])
+            .arg("ro,lowerdir=copy-old/root/usr:copy-old/empty")
+            .arg(&target)
+            .status()
+            .unwrap();
+        assert!(mounted.success());
         remove_old_copies(dir.path(), "copy-new");
         let left = |d: &Path| {
             let mut names: Vec<String> = fs::read_dir(d)

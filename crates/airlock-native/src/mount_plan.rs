@@ -240,8 +240,8 @@ fn classify(root: &Path, name: &str) -> io::Result<Option<RootEntry>> {
 /// What the plan needs from the job.
 #[derive(Debug, Clone)]
 pub struct JobMounts {
-    /// Host path of the job's work directory.
-    pub workdir: PathBuf,
+    /// Where the job's `/work` comes from.
+    pub workdir: WorkdirSource,
     /// Whether `/work` is writable.
     pub workdir_mode: WorkdirMode,
     /// Size of `/tmp` (and of `/dev/shm`).
@@ -256,6 +256,17 @@ pub struct JobMounts {
     /// [`airlock_core::job::TRUST_BUNDLE_PATH`] when the proxy intercepts TLS
     /// ([`RootfsLayout::check_trust_bundle_target`] first).
     pub trust_bundle: Option<PathBuf>,
+}
+
+/// Where a job's `/work` comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkdirSource {
+    /// A host directory, bound by its path (a session's workspace, or a job directory's
+    /// `work/` where no detached tmpfs could be made).
+    Directory(PathBuf),
+    /// The job directory's detached tmpfs, handed to the init on
+    /// [`crate::plan::WORK_MOUNT_FD`] and attached there.
+    DetachedMount,
 }
 
 /// [`airlock_core::job::TRUST_BUNDLE_PATH`] relative to the new root.
@@ -355,11 +366,10 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
 
     // The job's CA bundle over the root's own (an overlay or a bind of /etc by now).
     if let Some(bundle) = &job.trust_bundle {
-        steps.push(MountStep::Bind {
+        steps.push(MountStep::FileCopy {
             source: bundle.clone(),
             target: trust_bundle_target().to_owned(),
             options: MountOptions::RO_NOEXEC,
-            optional: false,
         });
     }
 
@@ -450,14 +460,21 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
             owner: Some(crate::plan::JOB_ID_IN_SANDBOX),
         });
     }
-    steps.push(MountStep::Bind {
-        source: job.workdir.clone(),
-        target: "work".to_owned(),
-        options: match job.workdir_mode {
-            WorkdirMode::Ro => MountOptions::RO,
-            WorkdirMode::Rw => MountOptions::RW,
+    let options = match job.workdir_mode {
+        WorkdirMode::Ro => MountOptions::RO,
+        WorkdirMode::Rw => MountOptions::RW,
+    };
+    steps.push(match &job.workdir {
+        WorkdirSource::Directory(source) => MountStep::Bind {
+            source: source.clone(),
+            target: "work".to_owned(),
+            options,
+            optional: false,
         },
-        optional: false,
+        WorkdirSource::DetachedMount => MountStep::AttachWork {
+            target: "work".to_owned(),
+            options,
+        },
     });
     steps
 }
@@ -525,6 +542,18 @@ pub fn render_plan(steps: &[MountStep]) -> String {
                 "overlay {}:{} -> /{target} {}",
                 lower.display(),
                 spare.display(),
+                opts(options)
+            ),
+            MountStep::AttachWork { target, options } => {
+                format!("attach  (detached tmpfs) -> /{target} {}", opts(options))
+            }
+            MountStep::FileCopy {
+                source,
+                target,
+                options,
+            } => format!(
+                "copy    {} -> /{target} {}",
+                source.display(),
                 opts(options)
             ),
             MountStep::Proc { target } => format!("proc    /{target}"),
@@ -612,7 +641,7 @@ mod tests {
 
     fn job() -> JobMounts {
         JobMounts {
-            workdir: PathBuf::from("/run/airlock/JOB/work"),
+            workdir: WorkdirSource::Directory(PathBuf::from("/run/airlock/JOB/work")),
             workdir_mode: WorkdirMode::Ro,
             tmp_bytes: 16 * 1024 * 1024,
             session_tmp: None,
@@ -649,14 +678,14 @@ mod tests {
     }
 
     #[test]
-    fn the_jobs_ca_bundle_is_bound_read_only_over_the_roots_after_etc() {
+    fn the_jobs_ca_bundle_is_copied_read_only_over_the_roots_after_etc() {
         for layout in [merged_usr_host(), minimal_root()] {
             let mut mounts = job();
             mounts.trust_bundle = Some(PathBuf::from("/run/airlock/JOB/trust-bundle.pem"));
             let plan = build_mount_plan(&layout, &mounts);
             let at = |wanted: &dyn Fn(&MountStep) -> bool| plan.iter().position(wanted);
             let bundle = at(&|s| {
-                matches!(s, MountStep::Bind { target, source, options, optional: false }
+                matches!(s, MountStep::FileCopy { target, source, options }
                     if target == "etc/ssl/certs/ca-certificates.crt"
                         && source == Path::new("/run/airlock/JOB/trust-bundle.pem")
                         && *options == MountOptions::RO_NOEXEC)

@@ -211,7 +211,9 @@ impl NativeWarm {
         plan.job_id.clone_from(&name);
         plan.argv.clone_from(&self.argv);
         plan.control_fd = true;
-        let launched = backend.launch(&name, &plan, true).await;
+        let launched = backend
+            .launch(&name, &plan, true, jobdir.work_mount())
+            .await;
         ready_or_removed(name, jobdir, cgroup, launched, None).await
     }
 
@@ -253,7 +255,12 @@ impl NativeWarm {
     ) -> Result<(String, JobDir, Option<JobCgroup>), NativeError> {
         let backend = &self.backend;
         let name = format!("warm-{}", JobId::generate().as_str());
-        let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &backend.id_mapping())?;
+        let jobdir = JobDir::create_empty(
+            backend.runtime_dir(),
+            &name,
+            &backend.id_mapping(),
+            backend.work_backing(&self.template),
+        )?;
         let cgroup = match backend.create_cgroup(&name, &self.template) {
             Ok(cgroup) => cgroup,
             Err(e) => {

@@ -281,6 +281,9 @@ def _airlock_zygote():
         checked(libc.syscall(sys_move_mount, work, b"", at_fdcwd, b"/work",
                              move_mount_f_empty_path), "mount the job's /work")
         os.close(work)
+        # The job's view is a bind of it: a read-only /work leaves the host's descriptor
+        # of the job's tmpfs writable (the job is written through it after this fork).
+        mount("/work", "/work", None, ms_bind, None, "bind /work onto itself")
         remount_bind("/work", plan["work"])
         step("sethostname", socket.sethostname, plan["hostname"])
         if plan["loopback_up"]:

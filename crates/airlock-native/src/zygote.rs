@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use airlock_cgroup::{CpuPriority, JobCgroup};
 use airlock_core::warm::python;
 use airlock_core::{JobId, JobSpec};
-use airlock_host::jobdir::JobDir;
+use airlock_host::jobdir::{JobDir, WorkBacking};
 use airlock_seccomp::FilterName;
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
@@ -147,7 +147,12 @@ impl ChildPlan {
             .find_map(|s| match s {
                 MountStep::Bind {
                     target, options, ..
-                } if target == "work" => Some(*options),
+                }
+                | MountStep::AttachWork { target, options }
+                    if target == "work" =>
+                {
+                    Some(*options)
+                }
                 _ => None,
             })
             .ok_or_else(|| missing("/work"))?;
@@ -378,8 +383,8 @@ pub fn zygote_argv(template: &JobSpec, preload: &[String]) -> Option<Vec<String>
     python::interpreter_running(template, program)
 }
 
-/// The template's plan: `plan` (a fresh sandbox's, for the template job) with the zygote as
-/// its program. Its `/proc` is left unmasked: a child mounts its own `/proc` from a user
+/// The template's plan: `plan` (a fresh sandbox's, for the template job, without its
+/// `/work`) with the zygote as its program. Its `/proc` is left unmasked: a child mounts its own `/proc` from a user
 /// namespace of its own, which the kernel allows only where a `/proc` is fully visible
 /// already; the zygote itself is trusted, and each child masks its own.
 fn template_plan(
@@ -395,6 +400,9 @@ fn template_plan(
     plan.mounts.retain(|s| match s {
         MountStep::Mask { target } => !target.starts_with("proc/"),
         MountStep::ReadonlyBind { target } => !PROC_READONLY.contains(&target.as_str()),
+        // Each child attaches its own job's /work over the empty directory; a mount of
+        // the template's own would stay under it, in every job's mount table.
+        MountStep::Bind { target, .. } | MountStep::AttachWork { target, .. } => target != "work",
         _ => true,
     });
     plan.rlimits = vec![RlimitSetting {
@@ -477,7 +485,9 @@ impl Zygote {
             ),
         })?;
         let name = format!("zygote-{}", JobId::generate().as_str());
-        let jobdir = JobDir::create_empty(backend.runtime_dir(), &name, &ids)?;
+        // The template's own /work is never a job's (each child attaches its job's).
+        let jobdir =
+            JobDir::create_empty(backend.runtime_dir(), &name, &ids, WorkBacking::Directory)?;
         let cgroup = match backend.create_cgroup(&name, template) {
             Ok(cgroup) => cgroup,
             Err(e) => {
@@ -516,7 +526,7 @@ impl Zygote {
             }
         };
         let plan = template_plan(plan, &name, argv, &budgets);
-        let mut launched = match backend.launch(&name, &plan, false).await {
+        let mut launched = match backend.launch(&name, &plan, false, None).await {
             Ok(launched) => launched,
             Err(e) => {
                 remove_quietly(cgroup, jobdir).await;
@@ -742,13 +752,20 @@ impl Zygote {
                 ),
             });
         }
-        let work = rustix::mount::open_tree(
-            rustix::fs::CWD,
-            jobdir.work(),
-            rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
-                | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        )
-        .map_err(|e| zygote_io("detach a mount of the job's /work", &e.into()))?;
+        // The job directory's detached tmpfs (the child attaches it, and the host keeps
+        // writing the job into it through its own descriptor), else a detached copy of the
+        // bind of its work/ directory.
+        let work = match jobdir.work_mount() {
+            Some(mount) => rustix::io::fcntl_dupfd_cloexec(mount, 0)
+                .map_err(|e| zygote_io("hand over the job's /work", &e.into()))?,
+            None => rustix::mount::open_tree(
+                rustix::fs::CWD,
+                jobdir.work(),
+                rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+                    | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+            )
+            .map_err(|e| zygote_io("detach a mount of the job's /work", &e.into()))?,
+        };
         let pipe = || {
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
                 .map_err(|e| zygote_io("create a pipe", &e.into()))

@@ -7,7 +7,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::process::Command;
 
 use rustix::process::Pid;
@@ -142,7 +142,7 @@ pub fn set_cloexec_from(first: u32) -> io::Result<()> {
 /// The sources are first duplicated above every target number, so a source that happens
 /// to sit on another pair's target cannot be clobbered. The duplicates are owned by the
 /// returned guard, which must live until the child is spawned.
-pub fn pass_fds(cmd: &mut Command, fds: &[(&OwnedFd, RawFd)]) -> io::Result<PassedFds> {
+pub fn pass_fds(cmd: &mut Command, fds: &[(BorrowedFd<'_>, RawFd)]) -> io::Result<PassedFds> {
     use std::os::unix::process::CommandExt;
     let floor = fds.iter().map(|(_, t)| *t).max().unwrap_or(2) + 1;
     let mut held = Vec::with_capacity(fds.len());
@@ -261,7 +261,7 @@ mod tests {
         let (reader, writer) = rustix::pipe::pipe().unwrap();
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg("echo hi >&7");
-        let guard = pass_fds(&mut cmd, &[(&writer, 7)]).unwrap();
+        let guard = pass_fds(&mut cmd, &[(std::os::fd::AsFd::as_fd(&writer), 7)]).unwrap();
         let status = cmd.status().unwrap();
         drop(guard);
         drop(writer);

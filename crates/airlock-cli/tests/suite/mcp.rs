@@ -124,26 +124,26 @@ fn long_job(tag: &str) -> String {
     )
 }
 
-/// The job directories under /run/airlock whose program mentions `tag`.
-fn job_dirs_with(tag: &str) -> Vec<std::path::PathBuf> {
-    let Ok(entries) = std::fs::read_dir("/run/airlock") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|entry| {
-            std::fs::read_to_string(entry.path().join("work/.airlock-main.py"))
-                .is_ok_and(|source| source.contains(tag))
-        })
-        .map(|entry| entry.path())
-        .collect()
-}
-
-fn wait_for_job(tag: &str) {
+/// Waits until the job carrying `tag` runs; its directory under /run/airlock (named as
+/// the job's cgroup: its /work is a tmpfs mounted nowhere on the host, so the directory
+/// holds none of its source).
+fn wait_for_job(tag: &str) -> std::path::PathBuf {
+    let mut dir = None;
     assert!(
-        eventually(Duration::from_secs(20), || !host_pids_with(tag).is_empty()),
+        eventually(Duration::from_secs(20), || {
+            dir = host_pids_with(tag).into_iter().find_map(|pid| {
+                let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+                groups.lines().find_map(|line| {
+                    let name = line.rsplit('/').next().filter(|n| !n.is_empty())?;
+                    let dir = std::path::Path::new("/run/airlock").join(name);
+                    dir.is_dir().then_some(dir)
+                })
+            });
+            dir.is_some()
+        }),
         "the long job never started"
     );
+    dir.unwrap_or_default()
 }
 
 #[test]
@@ -153,7 +153,7 @@ fn a_cancelled_mcp_call_kills_its_job_and_frees_its_slot() {
     let mut mcp = McpChild::start(&env, MINUTE_JOBS);
     let tag = marker("mcp-cancel");
     mcp.call(1, json!({"code": long_job(&tag)}));
-    wait_for_job(&tag);
+    let job_dir = wait_for_job(&tag);
 
     let cancelled_at = Instant::now();
     mcp.send(&json!({
@@ -176,7 +176,7 @@ fn a_cancelled_mcp_call_kills_its_job_and_frees_its_slot() {
         "the next call took {:?}",
         cancelled_at.elapsed()
     );
-    assert_eq!(job_dirs_with(&tag), Vec::<std::path::PathBuf>::new());
+    assert!(!job_dir.exists(), "{} left behind", job_dir.display());
     // The killed job is audited, as an error rather than a run to its limit.
     let audit = env.audit_lines();
     assert_eq!(audit.len(), 2, "{audit:#?}");
@@ -195,7 +195,7 @@ fn a_client_that_exits_mid_call_takes_its_job_along() {
     let mut mcp = McpChild::start(&env, MINUTE_JOBS);
     let tag = marker("mcp-eof");
     mcp.call(1, json!({"code": long_job(&tag)}));
-    wait_for_job(&tag);
+    let job_dir = wait_for_job(&tag);
 
     let closed_at = Instant::now();
     drop(mcp.stdin.take());
@@ -212,7 +212,7 @@ fn a_client_that_exits_mid_call_takes_its_job_along() {
         "airlock mcp still running {:?} after its client left",
         closed_at.elapsed()
     );
-    assert_eq!(job_dirs_with(&tag), Vec::<std::path::PathBuf>::new());
+    assert!(!job_dir.exists(), "{} left behind", job_dir.display());
     assert_eq!(env.audit_lines().len(), 1);
 }
 

@@ -173,7 +173,30 @@ fn usr_lower(env: &TestEnv, policy: Option<&std::path::Path>) -> PathBuf {
         .nth(1)
         .and_then(|s| s.split(':').next())
         .unwrap_or_else(|| panic!("no lowerdir in {line}"));
-    PathBuf::from(lower)
+    // `host-full` shows the host's own /usr, the path the job sees too. A copy's layer is
+    // named relative to its directory of copies (no host path in the job's mount table):
+    // it is one of the cache's.
+    if lower == "/usr" {
+        return PathBuf::from(lower);
+    }
+    assert!(
+        !lower.starts_with('/'),
+        "a host path in the job's mount table: {line}"
+    );
+    let roots = std::env::var_os("AIRLOCK_CACHE_DIR")
+        .map_or_else(|| PathBuf::from("/var/cache/airlock"), PathBuf::from)
+        .join("roots");
+    std::fs::read_dir(&roots)
+        .unwrap()
+        .flatten()
+        .map(|dir| dir.path().join(lower))
+        .find(|path| path.is_dir())
+        .unwrap_or_else(|| {
+            panic!(
+                "{lower} is in no directory of copies under {}",
+                roots.display()
+            )
+        })
 }
 
 fn epoch_secs() -> f64 {

@@ -35,14 +35,27 @@ fn kube_running_job_with(tag: &str) -> Option<String> {
 }
 
 fn job_dir_with(kind: Kind, tag: &str) -> Option<PathBuf> {
-    std::fs::read_dir(runtime_dir(kind))
+    let runtime = runtime_dir(kind);
+    let by_source = std::fs::read_dir(runtime)
         .ok()?
         .flatten()
         .find_map(|entry| {
             let source =
                 std::fs::read_to_string(entry.path().join("work/.airlock-main.py")).ok()?;
             source.contains(tag).then(|| entry.path())
+        });
+    // A native job's /work is a tmpfs mounted nowhere on the host (docs/native.md): its
+    // directory is the one named as the cgroup of a process running the tagged job.
+    by_source.or_else(|| {
+        host_pids_with(tag).into_iter().find_map(|pid| {
+            let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            groups.lines().find_map(|line| {
+                let name = line.rsplit('/').next()?;
+                let dir = runtime.join(name);
+                (!name.is_empty() && dir.is_dir()).then_some(dir)
+            })
         })
+    })
 }
 
 /// Starts a long job carrying `tag` and waits until it runs (its directory exists, and

@@ -98,3 +98,80 @@ mod dev {
         }
     }
 }
+
+/// What a job reads of its own mount table (issue 34): no path of the host's layout. Checked
+/// on the native backend and its warm kinds, whose mounts airlock makes itself; a container
+/// engine's show its storage driver's paths (docs/docker.md).
+mod mount_table {
+    use super::super::common::Target;
+
+    /// The mount table, as the job reads it.
+    const MOUNTINFO: &str = "print(open('/proc/self/mountinfo').read(), end='')";
+
+    /// One line of `/proc/self/mountinfo`: the mount's root in its filesystem, its mount
+    /// point, its filesystem type and source, and the superblock's options.
+    struct Line<'a> {
+        text: &'a str,
+        root: &'a str,
+        mount_point: &'a str,
+        fs_type: &'a str,
+        super_options: &'a str,
+    }
+
+    fn parse(text: &str) -> Line<'_> {
+        let (left, right) = text.split_once(" - ").expect("a mountinfo line has ' - '");
+        let left: Vec<&str> = left.split(' ').collect();
+        let right: Vec<&str> = right.split(' ').collect();
+        Line {
+            text,
+            root: left[3],
+            mount_point: left[4],
+            fs_type: right[0],
+            super_options: right.get(2).copied().unwrap_or(""),
+        }
+    }
+
+    conformance_on! {
+        [native: Native, warm: Warm, zygote: Zygote]
+
+        fn the_mount_table_names_no_host_path(t: &Target) {
+            let run = t.run(&["-c", MOUNTINFO]);
+            assert_eq!(run.obs["outcome"], "exited", "{:#}", run.obs);
+            let table = run.obs["stdout"].as_str().unwrap().to_owned();
+            let job_id = run.obs["job_id"].as_str().unwrap();
+            let state_dir = t.path().display().to_string();
+            let mut problems = Vec::new();
+            for line in table.lines().map(parse) {
+                // A bind's root is its path in the filesystem it comes from: only the
+                // sandbox's own procfs and the host's device nodes (whose names are the
+                // same inside) may be bound from below their root.
+                if line.root != "/" && !matches!(line.fs_type, "proc" | "devtmpfs") {
+                    problems.push(format!("a mount's root is a host path: {}", line.text));
+                }
+                for option in line.super_options.split(',') {
+                    if let Some((key, value)) = option.split_once('=')
+                        && matches!(key, "lowerdir" | "upperdir" | "workdir" | "datadir")
+                        && value.split(':').any(|layer| layer.starts_with('/'))
+                    {
+                        problems.push(format!("an overlay names a host path: {}", line.text));
+                    }
+                }
+                for marker in [job_id, state_dir.as_str(), "/run/airlock", "/var/cache/airlock"] {
+                    if line.text.contains(marker) {
+                        problems.push(format!("{marker:?} in: {}", line.text));
+                    }
+                }
+            }
+            assert!(problems.is_empty(), "{}\n\nthe table:\n{table}", problems.join("\n"));
+            // /work is a filesystem of its own, read-only as the policy says.
+            let work: Vec<Line<'_>> = table
+                .lines()
+                .map(parse)
+                .filter(|line| line.mount_point == "/work")
+                .collect();
+            let seen = work.last().expect("a /work mount");
+            assert_eq!((seen.fs_type, seen.root), ("tmpfs", "/"), "{}", seen.text);
+            assert!(seen.text.split(' ').nth(5).unwrap().starts_with("ro,"), "{}", seen.text);
+        }
+    }
+}
