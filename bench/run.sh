@@ -42,6 +42,7 @@ python3 bench/tls.py --airlock "$AIRLOCK_BIN" --work "$work"
 # Warm jobs with OpenTelemetry export on (to an accepting receiver on 127.0.0.1) beside
 # off, alternating in one run: p50 and throughput, on over off (issue 33).
 python3 bench/otel.py --airlock "$AIRLOCK_BIN" --work "$work"
+python3 bench/fairness.py --airlock "$AIRLOCK_BIN" --work "$work"
 # Time to interactive through E2B's Python SDK (issue 31), beside E2B's and Daytona's
 # published medians.
 bench/e2b.sh
