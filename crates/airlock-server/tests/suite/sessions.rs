@@ -473,13 +473,31 @@ async fn a_workspace_session_carries_files_but_no_process() {
     assert!(stdout.starts_with("from call 1\n"), "{:#}", second.body);
     // Call 1's sleeper is nowhere in call 2's sandbox.
     assert!(stdout.ends_with("False True\n"), "{stdout}");
+    // The workspace is a filesystem of its own: its mount names no host path (as a job's
+    // own /work: suite::hostile::mount_table in the conformance suite).
+    let mounts = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "print(''.join(l for l in open('/proc/self/mountinfo') if ' /work ' in l or ' /tmp ' in l), end='')"}),
+    )
+    .await;
+    let table = mounts.body["observation"]["stdout"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(table.contains(" /work "), "{:#}", mounts.body);
+    for line in table.lines() {
+        let root = line.split(' ').nth(3).unwrap_or_default();
+        assert_eq!(root, "/", "a host path as the mount's root: {line}");
+        assert!(!line.contains(&id) && !line.contains("/run/"), "{line}");
+    }
     // Every call is a job of its own, audited as one, with the session's call line.
     let jobs: Vec<String> = session_lines(&server, &id)
         .iter()
         .filter(|l| l["event"] == "session_call")
         .map(|l| l["job_id"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(jobs.len(), 2);
+    assert_eq!(jobs.len(), 3);
     let audit = server.audit_lines();
     for job in &jobs {
         assert!(
