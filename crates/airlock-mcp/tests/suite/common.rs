@@ -15,8 +15,11 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 /// A program the fake executor "runs" for a minute (until the call is dropped).
 pub const LONG_JOB: &str = "import time; time.sleep(60)";
 
-/// How long a cancelled job may take to go away.
-pub const PROMPT: Duration = Duration::from_secs(1);
+/// How long a cancelled job may take to go away, and an answer to come: far below the fake
+/// job's minute, so that a job still running after it was run out rather than cancelled,
+/// and far above what a busy machine's scheduling adds (a CPU hog beside the suite
+/// delayed a one-second bound here).
+pub const PROMPT: Duration = Duration::from_secs(10);
 
 /// What the fake executor saw.
 #[derive(Default)]
