@@ -149,7 +149,15 @@ async fn a_task_completes_with_the_plain_calls_result_and_the_bound_refuses() {
     client.send(call(3, json!({"code": LONG_JOB}))).await;
     let second = client.response(3, Duration::from_secs(10)).await;
     assert_eq!(second["result"]["resultType"], "task", "{second}");
-    let before = executor.record.requests.lock().unwrap().len();
+    // A task is answered before its job starts: counted once the second task's job is
+    // there (calls 1, 2 and 3), so that the refused call's count is the only one left.
+    let requests = || executor.record.requests.lock().unwrap().len();
+    assert!(
+        eventually(PROMPT, || requests() == 3).await,
+        "the second task's job never started: {} requests",
+        requests()
+    );
+    let before = requests();
     client.send(call(4, json!({"code": "print(1)"}))).await;
     let refused = client.response(4, Duration::from_secs(10)).await;
     assert_eq!(refused["result"]["isError"], true, "{refused}");
