@@ -303,7 +303,7 @@ def run_request_properties(doc):
 
 def marker_code(marker):
     """A job that runs 60 s (past the policy's wall time) as a process whose argv holds
-    `marker`, and whose source (in its job directory) holds it too."""
+    `marker`."""
     return ("import os, sys\n"
             f"os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}])\n")
 
@@ -323,18 +323,20 @@ def marker_pids(marker):
     return pids
 
 
-def job_dir_with(marker):
-    try:
-        names = [n for n in os.listdir(RUNTIME_DIR) if not n.startswith(".")]
-    except OSError:
-        return None
-    for name in names:
+def job_dir_of(pids):
+    """The job directory of the processes `pids`: the one named as their cgroup (a native
+    job's /work is a tmpfs mounted nowhere on the host, so the directory holds none of its
+    source; docs/native.md)."""
+    for pid in pids:
         try:
-            with open(os.path.join(RUNTIME_DIR, name, "work", ".airlock-main.py")) as f:
-                if marker in f.read():
-                    return name
+            with open(f"/proc/{pid}/cgroup") as f:
+                lines = f.read().splitlines()
         except OSError:
-            pass
+            continue
+        for line in lines:
+            name = line.rsplit("/", 1)[-1]
+            if name and not name.startswith(".") and os.path.isdir(os.path.join(RUNTIME_DIR, name)):
+                return name
     return None
 
 
@@ -364,7 +366,7 @@ async def find_job(marker, timeout=15.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pids = marker_pids(marker)
-        job = job_dir_with(marker)
+        job = job_dir_of(pids)
         if pids and job:
             return job, set().union(*(job_cgroups(p, job) for p in pids))
         await asyncio.sleep(0.05)
