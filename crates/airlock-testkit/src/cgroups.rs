@@ -24,3 +24,18 @@ pub fn cgroup_dir_names() -> BTreeSet<String> {
     walk(Path::new("/sys/fs/cgroup"), 8, &mut out);
     out
 }
+
+/// The directory under `runtime` of the native job one of `pids` belongs to: the one named
+/// as the process's cgroup (a job's group is named for its job directory). A native job's
+/// `/work` is a tmpfs mounted nowhere on the host, so its directory holds none of its
+/// files to find it by.
+pub fn job_dir_of(runtime: &Path, pids: &[u32]) -> Option<std::path::PathBuf> {
+    pids.iter().find_map(|pid| {
+        let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        groups.lines().find_map(|line| {
+            let name = line.rsplit('/').next().filter(|n| !n.is_empty())?;
+            let dir = runtime.join(name);
+            dir.is_dir().then_some(dir)
+        })
+    })
+}

@@ -22,7 +22,7 @@ pub mod tls;
 use std::path::{Path, PathBuf};
 
 pub use airlock_sys::probe::DangerousCall;
-pub use cgroups::cgroup_dir_names;
+pub use cgroups::{cgroup_dir_names, job_dir_of};
 pub use error::Error;
 pub use names::{errno_name, signal_name};
 pub use parse::{MountInfo, mount_for_path, parse_mountinfo, parse_net_dev, parse_proc_status};

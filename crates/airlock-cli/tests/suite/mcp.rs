@@ -131,14 +131,10 @@ fn wait_for_job(tag: &str) -> std::path::PathBuf {
     let mut dir = None;
     assert!(
         eventually(Duration::from_secs(20), || {
-            dir = host_pids_with(tag).into_iter().find_map(|pid| {
-                let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-                groups.lines().find_map(|line| {
-                    let name = line.rsplit('/').next().filter(|n| !n.is_empty())?;
-                    let dir = std::path::Path::new("/run/airlock").join(name);
-                    dir.is_dir().then_some(dir)
-                })
-            });
+            dir = airlock_testkit::job_dir_of(
+                std::path::Path::new("/run/airlock"),
+                &host_pids_with(tag),
+            );
             dir.is_some()
         }),
         "the long job never started"

@@ -44,18 +44,8 @@ fn job_dir_with(kind: Kind, tag: &str) -> Option<PathBuf> {
                 std::fs::read_to_string(entry.path().join("work/.airlock-main.py")).ok()?;
             source.contains(tag).then(|| entry.path())
         });
-    // A native job's /work is a tmpfs mounted nowhere on the host (docs/native.md): its
-    // directory is the one named as the cgroup of a process running the tagged job.
-    by_source.or_else(|| {
-        host_pids_with(tag).into_iter().find_map(|pid| {
-            let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-            groups.lines().find_map(|line| {
-                let name = line.rsplit('/').next()?;
-                let dir = runtime.join(name);
-                (!name.is_empty() && dir.is_dir()).then_some(dir)
-            })
-        })
-    })
+    // A native job's /work is a tmpfs mounted nowhere on the host (docs/native.md).
+    by_source.or_else(|| airlock_testkit::job_dir_of(runtime, &host_pids_with(tag)))
 }
 
 /// Starts a long job carrying `tag` and waits until it runs (its directory exists, and
