@@ -660,16 +660,12 @@ fn make_dir(
 ) -> Result<serde_json::Value, RpcError> {
     let path = field(&body, "path")?;
     let rel = rel_path(path)?;
-    if rel.is_empty() {
-        return Err(RpcError::new(
-            ConnectCode::AlreadyExists,
-            format!("directory {path:?} already exists"),
-        ));
-    }
-    let created = with_workspace(e2b, sandbox, path, {
-        let rel = rel.clone();
-        move |ws| ws.make_dir(&rel)
-    })?;
+    // The workspace itself always exists.
+    let created = !rel.is_empty()
+        && with_workspace(e2b, sandbox, path, {
+            let rel = rel.clone();
+            move |ws| ws.make_dir(&rel)
+        })?;
     if !created {
         return Err(RpcError::new(
             ConnectCode::AlreadyExists,
