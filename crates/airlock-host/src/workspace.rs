@@ -378,6 +378,46 @@ impl Workspace {
         }
     }
 
+    /// Makes a FIFO at `rel` (mode 0600, what was at the name removed first, directories
+    /// on the way made) and returns it opened for reading and writing, non-blocking: the
+    /// host's end of a wake-up channel to the session's kernel. Opened here, once, through
+    /// the directory it was made in, so no later look-up of the name (which the job can
+    /// replace) is ever followed; writing to it never blocks the host, whatever the job
+    /// does with its end.
+    pub fn make_fifo(&self, rel: &str) -> Result<OwnedFd, HostError> {
+        let root = self.root()?;
+        let (dir, name) = walk_to_parent(&root, rel, true)?;
+        let Some(dir) = dir else {
+            return Err(HostError::WorkspaceMissing {
+                path: rel.to_owned(),
+            });
+        };
+        let fail =
+            |what: &str, e: Errno| file_error(rel, format!("{what}: {e}"), ErrorKind::Internal);
+        match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(fail("remove", e)),
+        }
+        rustix::fs::mknodat(&dir, name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
+            .map_err(|e| fail("mkfifo", e))?;
+        let fd = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| fail("open", e))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| fail("stat", e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Fifo {
+            return Err(file_error(
+                rel,
+                "not the FIFO just made",
+                ErrorKind::Internal,
+            ));
+        }
+        Ok(fd)
+    }
+
     /// Renames `from` to `to` (directories on the way to `to` are made); what `from` is
     /// (a file, a directory, a link) moves as it is, never followed.
     pub fn rename(&self, from: &str, to: &str) -> Result<(), HostError> {
@@ -935,6 +975,45 @@ mod tests {
         assert!(ws.rename("../x", "y").is_err());
         assert!(ws.make_dir("/etc/x").is_err());
         ws.destroy().unwrap();
+    }
+
+    /// The kernel's wake-up FIFO: what the job left at the name (a link to a host file
+    /// here) is removed, never followed; the host's end never blocks, full or not.
+    #[test]
+    fn a_fifo_is_made_over_a_link_and_its_host_end_never_blocks() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: mounting a workspace needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::write(&outside, b"host file").unwrap();
+        let ws = Workspace::create(tmp.path(), "ws", 1 << 20, 64).unwrap();
+        ws.make_dir("ctl").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.path().join("ctl/wake")).unwrap();
+        let fifo = ws.make_fifo("ctl/wake").unwrap();
+        let st = rustix::fs::lstat(ws.path().join("ctl/wake")).unwrap();
+        assert_eq!(FileType::from_raw_mode(st.st_mode), FileType::Fifo);
+        assert_eq!(st.st_mode & 0o777, 0o600);
+        // Nobody reads: the pipe fills and the next write says so at once.
+        let chunk = [b'!'; 4096];
+        let mut written = 0usize;
+        loop {
+            match rustix::io::write(&fifo, &chunk) {
+                Ok(n) => written += n,
+                Err(e) => {
+                    assert_eq!(e, Errno::AGAIN);
+                    break;
+                }
+            }
+            assert!(written < 64 << 20, "a FIFO that never fills");
+        }
+        assert!(written >= 4096);
+        assert_eq!(std::fs::read(&outside).unwrap(), b"host file");
+        // Made again, it is a new FIFO, empty.
+        let again = ws.make_fifo("ctl/wake").unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(rustix::io::read(&again, &mut buf), Err(Errno::AGAIN));
     }
 
     #[test]

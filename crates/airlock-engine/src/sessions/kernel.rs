@@ -147,10 +147,23 @@ pub(super) async fn start_kernel(
     state: &mut CallState,
     first_call: u64,
 ) -> Result<(), SessionError> {
-    session.with_workspace(|ws| {
+    let (control, bell) = session.with_workspace(|ws| {
         ws.remove_file(&format!("{CONTROL_DIR}/ready"))?;
-        Ok(())
+        ws.make_dir(CONTROL_DIR)?;
+        let control = ws.open_dir(CONTROL_DIR)?;
+        // Made anew for each kernel: the last one's may have been replaced by its job.
+        let bell = ws
+            .make_fifo(&format!("{CONTROL_DIR}/{WAKE_FIFO}"))
+            .map_err(|e| tracing::debug!(session = %session.id, error = %e, "no wake-up FIFO: the kernel polls"))
+            .ok()
+            .map(super::wake::KernelBell::new);
+        Ok((control, bell))
     })?;
+    // Watched before the job starts, so that its `ready` is seen.
+    let watched = control
+        .as_ref()
+        .zip(session.control_watch.as_ref())
+        .and_then(|(control, watch)| watch.watch(control, session.woken.clone()));
     let request = JobRequest {
         language: "python".to_owned(),
         source: KERNEL_DRIVER.as_bytes().to_vec(),
@@ -187,6 +200,8 @@ pub(super) async fn start_kernel(
         kill: Some(kill_tx),
         done: done_rx,
         task,
+        _watched: watched,
+        bell,
     };
     let deadline = Instant::now() + KERNEL_START_TIMEOUT;
     loop {
@@ -207,7 +222,7 @@ pub(super) async fn start_kernel(
                 KERNEL_START_TIMEOUT.as_secs()
             )));
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        session.pause().await;
     }
     state.kernel = Some(kernel);
     state.kernel_started = true;
@@ -532,6 +547,9 @@ pub(super) async fn run_kernel_call(
     let Some(kernel) = state.kernel.as_mut() else {
         return Err(SessionError::KernelStart("no kernel".to_owned()));
     };
+    if let Some(bell) = &kernel.bell {
+        bell.ring();
+    }
     let mut ending_rx = session.ending.subscribe();
     // The call's output as it is written: the same rendering, redaction and caps as a
     // job's stream.
@@ -598,7 +616,7 @@ pub(super) async fn run_kernel_call(
         if ending_rx.borrow_and_update().is_some() {
             break Ended::Closed;
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        session.pause().await;
     };
     if let Some(streaming) = &streaming {
         streaming.flush();

@@ -47,6 +47,7 @@ use crate::Engine;
 use crate::teardowns::PendingTeardown;
 
 mod kernel;
+mod wake;
 pub use kernel::{KernelContext, RichResult, SessionEvent, SessionSink};
 use kernel::{run_kernel_call, start_kernel, stop_kernel};
 
@@ -65,6 +66,9 @@ pub const KERNEL_DRIVER: &str = include_str!("../kernel_driver.py");
 /// The directory of the kernel protocol's files, inside the workspace; the files API
 /// refuses names under it.
 pub const CONTROL_DIR: &str = ".airlock";
+
+/// The kernel's wake-up FIFO in [`CONTROL_DIR`] ([`wake`]); the driver knows the name.
+const WAKE_FIFO: &str = "wake";
 
 /// Most bytes of a call's result record (`res-N.json`) the host reads.
 const RESULT_MAX_BYTES: u64 = 64 * 1024;
@@ -259,6 +263,10 @@ struct Kernel {
     /// The job's observation once it ended.
     done: watch::Receiver<Option<Observation>>,
     task: tokio::task::JoinHandle<()>,
+    /// The watch on its control directory that wakes the host's waits (none: they poll).
+    _watched: Option<wake::Watched>,
+    /// The host's end of its wake-up FIFO (none: the driver polls).
+    bell: Option<wake::KernelBell>,
 }
 
 struct CallState {
@@ -296,6 +304,10 @@ struct Session {
     state: tokio::sync::Mutex<CallState>,
     /// Set when the session is ending: a call in progress stops at once.
     ending: watch::Sender<Option<String>>,
+    /// Notified when the kernel wrote a file the host waits for ([`wake`]).
+    woken: Arc<tokio::sync::Notify>,
+    /// The manager's inotify instance, when it has one.
+    control_watch: Option<Arc<wake::ControlWatch>>,
 }
 
 impl Session {
@@ -348,12 +360,30 @@ impl Session {
             None => Err(SessionError::NotFound(self.id.clone())),
         }
     }
+
+    /// Waits until the kernel may have written what the host waits for: woken by its
+    /// control directory's watch, or after [`POLL_INTERVAL`] (the fallback, and the pace
+    /// a call's streamed output is read at).
+    async fn pause(&self) {
+        let _ = tokio::time::timeout(POLL_INTERVAL, self.woken.notified()).await;
+    }
 }
 
 /// Holds every open session of a server (or an MCP server), and reaps them.
 pub struct SessionManager {
     root: PathBuf,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// One inotify instance for every kernel's control directory ([`wake`]).
+    control_watch: Option<Arc<wake::ControlWatch>>,
+    control_reader: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for SessionManager {
+    fn drop(&mut self) {
+        if let Some(reader) = &self.control_reader {
+            reader.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for SessionManager {
@@ -409,9 +439,12 @@ impl SessionManager {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot sweep stale session workspaces"),
         }
+        let (control_watch, control_reader) = wake::ControlWatch::start().unzip();
         let manager = Arc::new(Self {
             root: root.to_owned(),
             sessions: Mutex::new(HashMap::new()),
+            control_watch,
+            control_reader,
         });
         let weak = Arc::downgrade(&manager);
         tokio::spawn(reap_loop(weak));
@@ -535,6 +568,8 @@ impl SessionManager {
                     removal: None,
                 }),
                 ending: watch::channel(None).0,
+                woken: Arc::new(tokio::sync::Notify::new()),
+                control_watch: self.control_watch.clone(),
             });
             sessions.insert(id.clone(), session);
         }

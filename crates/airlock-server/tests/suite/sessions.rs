@@ -1639,3 +1639,69 @@ async fn a_kernel_session_also_runs_fresh_jobs_over_its_workspace() {
     assert_eq!(events[0].1["text"], "streamed\n");
     assert_eq!(events[1].1["observation"]["stdout"], "streamed\n");
 }
+
+/// Issue 35, the kernel's wake-up FIFO: a job may replace it (with a regular file, with a
+/// link to a host file) and every call is still answered, the kernel's replacement
+/// included; the host writes only into the FIFO it made and held open, never through a
+/// name the job controls, and makes the FIFO anew for each kernel.
+#[tokio::test]
+async fn a_kernel_whose_wake_fifo_is_replaced_still_answers_and_the_host_follows_no_link() {
+    require_server!();
+    let server = start("mode = \"kernel\"\nttl = \"5m\"\nidle = \"5m\"", None);
+    let id = id_of(&create(&server, None).await);
+    let host_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(host_file.path(), "untouched").unwrap();
+    let is_fifo = "import os, stat\nstat.S_ISFIFO(os.lstat('/work/.airlock/wake').st_mode)";
+
+    let first = call(&server, None, &id, json!({ "code": is_fifo })).await;
+    assert_eq!(first.body["value"], "True", "{:#}", first.body);
+    for replacement in [
+        format!(
+            "os.symlink({:?}, '/work/.airlock/wake')",
+            host_file.path().display()
+        ),
+        "open('/work/.airlock/wake', 'w').write('x')".to_owned(),
+    ] {
+        let swapped = call(
+            &server,
+            None,
+            &id,
+            json!({ "code": format!("import os\nos.remove('/work/.airlock/wake')\n{replacement}\n'swapped'") }),
+        )
+        .await;
+        assert_eq!(swapped.body["value"], "'swapped'", "{:#}", swapped.body);
+        for n in 1..=3 {
+            let answered = call(&server, None, &id, json!({ "code": format!("{n} * 7") })).await;
+            assert_eq!(
+                answered.body["value"],
+                (n * 7).to_string(),
+                "{:#}",
+                answered.body
+            );
+            assert!(answered.body.get("kernel_restarted").is_none());
+        }
+        // The next kernel gets a FIFO again, and answers.
+        let died = call(
+            &server,
+            None,
+            &id,
+            json!({"code": "import os\nos._exit(3)"}),
+        )
+        .await;
+        assert_eq!(died.status, 200, "{:#}", died.body);
+        let again = call(&server, None, &id, json!({ "code": is_fifo })).await;
+        assert!(
+            again.body["kernel_restarted"].is_string(),
+            "{:#}",
+            again.body
+        );
+        assert_eq!(again.body["value"], "True", "{:#}", again.body);
+        let next = call(&server, None, &id, json!({"code": "6 * 7"})).await;
+        assert_eq!(next.body["value"], "42", "{:#}", next.body);
+    }
+    assert_eq!(
+        std::fs::read_to_string(host_file.path()).unwrap(),
+        "untouched",
+        "the host wrote through the job's link"
+    );
+}
