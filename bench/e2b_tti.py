@@ -22,7 +22,9 @@ from pathlib import Path
 PUBLISHED = {"E2B": 0.44, "Daytona": 0.11}
 
 
-def start_server(airlock: str, work: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_server(
+    airlock: str, work: Path, policy: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
     tokens = work / "tokens.toml"
     key = subprocess.run(
         [airlock, "token", "new", "--tenant", "bench", "--e2b", "--tokens-file", str(tokens)],
@@ -32,8 +34,9 @@ def start_server(airlock: str, work: Path) -> tuple[subprocess.Popen[bytes], str
     ).stdout.strip()
     log = open(work / "serve.log", "w+b")
     # The built-in policy (sessions on, kernel mode), as the contract block runs it.
+    policy_args = ["--policy", str(policy)] if policy is not None else []
     proc = subprocess.Popen(
-        [airlock, "serve", "--listen", "127.0.0.1:0", "--tokens", str(tokens)],
+        [airlock, "serve", "--listen", "127.0.0.1:0", "--tokens", str(tokens), *policy_args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "AIRLOCK_STATE_DIR": str(work / "state")},
@@ -92,21 +95,37 @@ def main() -> None:
 
     import e2b_code_interpreter  # noqa: F401  (fails early without the SDK)
 
-    with tempfile.TemporaryDirectory(prefix="airlock-bench-e2b-") as tmp:
-        proc, url, key = start_server(args.airlock, Path(tmp))
-        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
-        try:
-            rows = []
-            for name, once in [
-                ("create -> first run_code result (code-interpreter-v1)", code_interpreter_once),
-                ("create -> first commands.run (base)", command_once),
-            ]:
-                once()  # warm-up: the minimal root's first copy, the SDK's imports
-                times = [once() for _ in range(args.runs)]
-                rows.append((name, times))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    # The built-in policy as `airlock serve` runs without --policy, then the same with the
+    # native warm pool on (so a zygote): a session's kernel is then forked from it with the
+    # session's mounts instead of started from scratch (docs/speed.md).
+    builtin = (Path(__file__).resolve().parent.parent / "policy" / "default.toml").read_text()
+    pooled = builtin.replace("\nwarm_pool = 0 ", "\nwarm_pool = 2 ", 1)
+    if pooled == builtin:
+        raise SystemExit("policy/default.toml has no native `warm_pool = 0` line to change")
+    rows = []
+    for label, policy_text in [("built-in policy", None), ("warm_pool = 2 (zygote)", pooled)]:
+        with tempfile.TemporaryDirectory(prefix="airlock-bench-e2b-") as tmp:
+            policy = None
+            if policy_text is not None:
+                policy = Path(tmp) / "policy.toml"
+                policy.write_text(policy_text)
+            proc, url, key = start_server(args.airlock, Path(tmp), policy)
+            os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
+            try:
+                for name, once in [
+                    ("create -> first run_code result (code-interpreter-v1)", code_interpreter_once),
+                    ("create -> first commands.run (base)", command_once),
+                ]:
+                    # Warm-up: the minimal root's first copy, the SDK's imports; the
+                    # pool's zygote, started beside the server, is up well before 3 s.
+                    once()
+                    if policy is not None:
+                        time.sleep(3)
+                    times = [once() for _ in range(args.runs)]
+                    rows.append((f"{name}, {label}", times))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
     print(
         f"e2b {version('e2b')}, e2b-code-interpreter {version('e2b-code-interpreter')}, "
         f"{args.runs} sandboxes per row after one warm-up, binary {args.airlock}\n"

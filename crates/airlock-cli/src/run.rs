@@ -553,5 +553,6 @@ fn build_request(args: &RunArgs) -> Result<JobRequest, RequestError> {
         out: args.out.is_some() || args.return_files,
         workspace: None,
         session_tmp: None,
+        session_kernel: false,
     })
 }

@@ -307,6 +307,10 @@ pub struct WarmPoolStats {
     /// Of the misses, jobs that ran in a sandbox started for them at once (forked from the
     /// native zygote) rather than in a fresh one.
     pub started_for_jobs: u64,
+    /// Of the unfit, session jobs (a kernel session's kernel) that ran in a sandbox started
+    /// for them with the session's mounts (forked from the native zygote) rather than in a
+    /// fresh one.
+    pub started_for_sessions: u64,
     /// Of the hits, jobs that ran in a sandbox forked from a zygote (`[native] zygote`).
     pub forked_hits: u64,
     /// Of the sandboxes started, those forked from a zygote.
@@ -332,6 +336,7 @@ impl WarmPoolStats {
         self.failed += other.failed;
         self.discarded += other.discarded;
         self.started_for_jobs += other.started_for_jobs;
+        self.started_for_sessions += other.started_for_sessions;
         self.forked_hits += other.forked_hits;
         self.forked += other.forked;
         self.fork_failed += other.fork_failed;

@@ -193,6 +193,10 @@ pub struct JobRequest {
     /// executable as the session's `/work` is, and what the job leaves there stays for
     /// the session's next job.
     pub session_tmp: Option<std::path::PathBuf>,
+    /// Set only by the session manager, with `workspace`, on a kernel session's one job
+    /// (its driver): a sandbox forked for it from a zygote keeps the modules the driver
+    /// imports, already imported ([`crate::warm::python::KERNEL_MODULES`]).
+    pub session_kernel: bool,
 }
 
 /// A checked input file.
@@ -247,6 +251,9 @@ pub struct JobSpec {
     /// tmpfs of `limits.tmp`, removed with the job.
     #[serde(default)]
     pub session_tmp: Option<std::path::PathBuf>,
+    /// A kernel session's driver job (see [`JobRequest::session_kernel`]).
+    #[serde(default)]
+    pub session_kernel: bool,
 }
 
 /// `sha256:<hex>` of some bytes.
@@ -438,6 +445,7 @@ impl JobRequest {
             policy_version: policy.version.clone(),
             // Only beside a session's /work (the session manager sets both).
             session_tmp: self.session_tmp.filter(|_| self.workspace.is_some()),
+            session_kernel: self.session_kernel && self.workspace.is_some(),
             workspace: self.workspace,
         })
     }

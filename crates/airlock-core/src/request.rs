@@ -343,6 +343,7 @@ impl RunRequest {
             out: self.return_files,
             workspace: None,
             session_tmp: None,
+            session_kernel: false,
         })
     }
 }

@@ -37,6 +37,13 @@ pub const CORE_RLIMIT_BYTES: u64 = 1;
 /// Extra CPU seconds of the RLIMIT_CPU backstop beyond what the wall-time limit allows.
 pub const CPU_RLIMIT_SLACK_SECS: u64 = 2;
 
+/// The job's CPU-time limit (`RLIMIT_CPU`), a backstop behind the wall-time kill: its wall
+/// time at its CPU share, and [`CPU_RLIMIT_SLACK_SECS`].
+pub(crate) fn cpu_rlimit_secs(job: &JobSpec) -> u64 {
+    (job.limits.timeout.as_secs_f64() * f64::from(job.limits.cpus.millis()) / 1000.0).ceil() as u64
+        + CPU_RLIMIT_SLACK_SECS
+}
+
 /// The job's environment: its own, plus in proxy mode where the proxy is.
 fn job_env(job: &JobSpec) -> Vec<(String, String)> {
     match job.network {
@@ -159,10 +166,7 @@ impl NativeBackend {
                 trust_bundle: trust_bundle.map(Path::to_path_buf),
             },
         );
-        let cpu_secs = (job.limits.timeout.as_secs_f64() * f64::from(job.limits.cpus.millis())
-            / 1000.0)
-            .ceil() as u64
-            + CPU_RLIMIT_SLACK_SECS;
+        let cpu_secs = cpu_rlimit_secs(job);
         let mut rlimits = vec![
             RlimitSetting {
                 resource: RlimitResource::Nofile,

@@ -258,6 +258,18 @@ pub struct JobMounts {
     pub trust_bundle: Option<PathBuf>,
 }
 
+/// The options of `/work` in `mode`.
+pub fn workdir_options(mode: WorkdirMode) -> MountOptions {
+    match mode {
+        WorkdirMode::Ro => MountOptions::RO,
+        WorkdirMode::Rw => MountOptions::RW,
+    }
+}
+
+/// The options of a session's own `/tmp` ([`SandboxMounts::session_tmp`]), in a fresh
+/// sandbox and in one forked for the session alike.
+pub const SESSION_TMP_OPTIONS: MountOptions = MountOptions::RW;
+
 /// Where a job's `/work` comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkdirSource {
@@ -438,7 +450,7 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
         Some(source) => MountStep::Bind {
             source: source.clone(),
             target: "tmp".to_owned(),
-            options: MountOptions::RW,
+            options: SESSION_TMP_OPTIONS,
             optional: false,
         },
         None => MountStep::Tmpfs {
@@ -460,10 +472,7 @@ pub fn build_mount_plan(layout: &RootfsLayout, job: &JobMounts) -> Vec<MountStep
             owner: Some(crate::plan::JOB_ID_IN_SANDBOX),
         });
     }
-    let options = match job.workdir_mode {
-        WorkdirMode::Ro => MountOptions::RO,
-        WorkdirMode::Rw => MountOptions::RW,
-    };
+    let options = workdir_options(job.workdir_mode);
     steps.push(match &job.workdir {
         WorkdirSource::Directory(source) => MountStep::Bind {
             source: source.clone(),

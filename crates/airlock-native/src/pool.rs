@@ -37,8 +37,8 @@ use crate::error::NativeError;
 use crate::launch::Launched;
 use crate::plan::{CONTROL_FD, IdMapping};
 use crate::teardown::teardown;
-use crate::zygote::{ZYGOTE_CHILDREN_MAX, Zygote};
-use airlock_host::jobdir::JobDir;
+use crate::zygote::{SessionMounts, ZYGOTE_CHILDREN_MAX, Zygote};
+use airlock_host::jobdir::{JobDir, WorkBacking};
 
 /// Longest wait before a zygote is started again after its start failed.
 const ZYGOTE_RETRY_MAX: Duration = Duration::from_secs(300);
@@ -180,6 +180,8 @@ pub struct WaitingSandbox {
     zygote: Option<Arc<Zygote>>,
     /// Forked at once for a job that found none ready, rather than ahead of it.
     for_job: bool,
+    /// The job's files are in place already (a session's, written before its fork).
+    job_written: bool,
 }
 
 impl NativeWarm {
@@ -246,6 +248,52 @@ impl NativeWarm {
         Ok(sandbox)
     }
 
+    /// Forks a sandbox for a session's job (its kernel, or a workspace call) with the
+    /// session's mounts: its files written into the session's workspace first, the job
+    /// directory's `work` then pointing at it; the child attaches a detached copy of that
+    /// mount at `/work`, and of the session's own `/tmp` at `/tmp` when it keeps one
+    /// (a fresh sandbox binds the same two by path), and takes the CPU-time limit of the
+    /// job's own wall time. At the job's CPU priority, as [`NativeWarm::fork_for_job`].
+    async fn fork_for_session(
+        &self,
+        zygote: Arc<Zygote>,
+        job: &JobSpec,
+    ) -> Result<WaitingSandbox, NativeError> {
+        let (name, jobdir, cgroup) =
+            self.prepare_sandbox_with(CpuPriority::Normal, WorkBacking::Directory)?;
+        let ids = self.backend.id_mapping();
+        let job_files = job.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let written = jobdir.write_job(&job_files, &ids);
+            (written, jobdir)
+        })
+        .await;
+        let jobdir = match written {
+            Ok((Ok(()), jobdir)) => jobdir,
+            Ok((Err(e), jobdir)) => {
+                let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;
+                return Err(e.into());
+            }
+            Err(join) => return Err(NativeError::Helper(format!("write task: {join}"))),
+        };
+        let send_out_dir = self.template.filesystem.out.enabled;
+        let own = SessionMounts {
+            tmp: job.session_tmp.clone(),
+            cpu_rlimit_secs: crate::launch::cpu_rlimit_secs(job),
+            kernel: job.session_kernel,
+        };
+        let launched = {
+            let _raised = zygote.raised_for_a_job();
+            zygote
+                .fork_with(&name, &jobdir, cgroup.as_ref(), send_out_dir, Some(&own))
+                .await
+        };
+        let mut sandbox = ready_or_removed(name, jobdir, cgroup, launched, Some(zygote)).await?;
+        sandbox.for_job = true;
+        sandbox.job_written = true;
+        Ok(sandbox)
+    }
+
     /// A sandbox's job directory and cgroup, the cgroup at `priority`: a warm sandbox is
     /// built and kept at the lowest, so that a job running meanwhile is never slowed by
     /// the sandbox being made for the next one. Only speed depends on it.
@@ -253,14 +301,19 @@ impl NativeWarm {
         &self,
         priority: CpuPriority,
     ) -> Result<(String, JobDir, Option<JobCgroup>), NativeError> {
+        self.prepare_sandbox_with(priority, self.backend.work_backing(&self.template))
+    }
+
+    /// [`NativeWarm::prepare_sandbox`] with the job directory's `/work` backed as `backing`.
+    fn prepare_sandbox_with(
+        &self,
+        priority: CpuPriority,
+        backing: WorkBacking,
+    ) -> Result<(String, JobDir, Option<JobCgroup>), NativeError> {
         let backend = &self.backend;
         let name = format!("warm-{}", JobId::generate().as_str());
-        let jobdir = JobDir::create_empty(
-            backend.runtime_dir(),
-            &name,
-            &backend.id_mapping(),
-            backend.work_backing(&self.template),
-        )?;
+        let jobdir =
+            JobDir::create_empty(backend.runtime_dir(), &name, &backend.id_mapping(), backing)?;
         let cgroup = match backend.create_cgroup(&name, &self.template) {
             Ok(cgroup) => cgroup,
             Err(e) => {
@@ -284,14 +337,18 @@ impl NativeWarm {
     /// as it may. Taken under the lock every child's hold is taken under, so that a batch of
     /// starts never takes more than [`ZYGOTE_CHILDREN_MAX`].
     fn zygote_to_fork_from(&self) -> Option<Arc<Zygote>> {
+        self.zygote_to_fork_from_below(ZYGOTE_CHILDREN_MAX as usize)
+    }
+
+    /// [`NativeWarm::zygote_to_fork_from`] while the zygote has fewer than `children`.
+    fn zygote_to_fork_from_below(&self, children: usize) -> Option<Arc<Zygote>> {
         let mut zygotes = self.zygotes.lock().ok()?;
         // Its forks spent: sandboxes start from scratch until the upkeep replaces it.
         if zygotes.active_forks >= self.zygote_forks {
             return None;
         }
         let active = zygotes.active.as_ref()?;
-        let active =
-            (children_of(active) < ZYGOTE_CHILDREN_MAX as usize).then(|| active.clone())?;
+        let active = (children_of(active) < children).then(|| active.clone())?;
         zygotes.active_forks += 1;
         Some(active)
     }
@@ -418,6 +475,7 @@ impl NativeWarm {
             cgroup,
             zygote,
             for_job,
+            job_written,
         } = warm;
         if zygote.is_some() && !for_job {
             self.counters.forked_hits.fetch_add(1, Ordering::Relaxed);
@@ -427,7 +485,11 @@ impl NativeWarm {
         let ids = backend.id_mapping();
         let job_files = job.clone();
         let prepared = tokio::task::spawn_blocking(move || {
-            let written = jobdir.write_job(&job_files, &ids);
+            let written = if job_written {
+                Ok(())
+            } else {
+                jobdir.write_job(&job_files, &ids)
+            };
             let cpu_before = cgroup
                 .as_ref()
                 .and_then(|c| c.stats().ok())
@@ -515,6 +577,26 @@ impl WarmSandboxes for NativeWarm {
         }))
     }
 
+    fn start_for_session<'a>(
+        &'a self,
+        job: &'a JobSpec,
+    ) -> Option<BoxFuture<'a, Result<WaitingSandbox, NativeError>>> {
+        if !python::fits_session(&self.template, job) {
+            return None;
+        }
+        // A kernel holds its child for the session's life: sessions take at most half of
+        // a zygote's children, so that they never take the room of the pool's jobs.
+        let zygote = self.zygote_to_fork_from_below(ZYGOTE_CHILDREN_MAX as usize / 2)?;
+        Some(Box::pin(async move {
+            let forked = self.fork_for_session(zygote, job).await;
+            match &forked {
+                Ok(_) => self.counters.forked.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.counters.fork_failed.fetch_add(1, Ordering::Relaxed),
+            };
+            forked
+        }))
+    }
+
     fn starts_cancel_safe(&self) -> bool {
         // The helper (or a forked child's pidfd hold) is killed on drop, and the cgroup and
         // the job directory removed; a zygote being started is removed the same way, and a
@@ -557,6 +639,7 @@ impl WarmSandboxes for NativeWarm {
                 cgroup,
                 zygote,
                 for_job: _,
+                job_written: _,
             } = warm;
             launched.kill().await;
             match tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await {
@@ -629,6 +712,7 @@ async fn ready_or_removed(
             cgroup,
             zygote,
             for_job: false,
+            job_written: false,
         }),
         Err(e) => {
             let _ = tokio::task::spawn_blocking(move || teardown(cgroup, jobdir)).await;

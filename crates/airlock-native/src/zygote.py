@@ -30,6 +30,11 @@ def _airlock_zygote():
     # step, and ends that process.
     import os, sys
     keep = frozenset(sys.modules)
+    # What a kernel session's driver imports (zygote.rs KERNEL_MODULES): a child forked
+    # for a kernel keeps them, as a fresh kernel has them once started.
+    for name in {KERNEL_MODULES}:
+        __import__(name)
+    kernel_keep = frozenset(sys.modules)
     import gc
     import ctypes, fcntl, json, resource, select, socket, struct, time
 
@@ -191,6 +196,7 @@ def _airlock_zygote():
     # What a job process removes from sys.modules: listed here, once, rather than by
     # looking at every entry in each child (which would copy the pages of them all).
     machinery = tuple(name for name in sys.modules if name not in keep)
+    kernel_machinery = tuple(name for name in machinery if name not in kernel_keep)
     sock = socket.socket(fileno=control)
     # The plan, and the sandbox init's executable (a sealed memfd) if the host has one.
     data, init_program, flags, _ = socket.recv_fds(sock, 1 << 20, 1, socket.MSG_CMSG_CLOEXEC)
@@ -209,14 +215,23 @@ def _airlock_zygote():
 
     # The init's executable in a child (its descriptor there), once child() moved it.
     reaper = []
+    # A fork for a session's job (zygote.rs SessionMounts): the session's /tmp (its
+    # descriptor in the child) and the job's CPU-time limit, set in the child only.
+    session = {}
 
-    def child(fds, mapping, threads_at_fork):
+    def child(fds, mapping, threads_at_fork, own):
         # The sandbox leader, in the template's namespaces, as the template's root.
         # Descriptors: [stdin, stdout, stderr, status, control, handoff, work, *procs], and
-        # the two ends of its id mapping with the zygote: [ask, done].
+        # the two ends of its id mapping with the zygote: [ask, done]; for a session's job,
+        # its /tmp's mount (or None) and CPU-time limit in `own`.
         floor = 1 + max(int(n) for n in os.listdir("/proc/self/fd"))
         fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
         mapping = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in mapping]
+        if own is not None:
+            session["cpu"] = own["cpu"]
+            session["kernel"] = own["kernel"]
+            if own["tmp"] is not None:
+                session["tmp"] = fcntl.fcntl(own["tmp"], fcntl.F_DUPFD_CLOEXEC, floor)
         reaper[:] = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in init_program]
         os.closerange(0, floor)
         for number, fd in enumerate(fds[:3]):
@@ -274,17 +289,27 @@ def _airlock_zygote():
                  "the zygote could not write them: %s" % answer.decode(errors="replace"))
         # 4. The other namespaces, owned by it; the pid namespace is pid 1's, below.
         unshare(["mount", "cgroup", "net", "ipc", "uts", "pid"])
-        # 5. A fresh /tmp, /dev/shm and /out over the template's, and the job's /work.
+        # 5. A fresh /tmp, /dev/shm and /out over the template's, and the job's /work
+        #    (and a session's own /tmp in place of the fresh one).
         mount(None, "/", None, ms_rec | ms_private, None, "make mounts private")
+        session_tmp = session.pop("tmp", None)
+        work_options = plan["session_work"] if "cpu" in session else plan["work"]
         for s in plan["mounts"]:
+            if session_tmp is not None and s["op"] == "tmpfs" and s["target"] == "tmp":
+                continue
             apply_mount(s)
-        checked(libc.syscall(sys_move_mount, work, b"", at_fdcwd, b"/work",
-                             move_mount_f_empty_path), "mount the job's /work")
-        os.close(work)
-        # The job's view is a bind of it: a read-only /work leaves the host's descriptor
-        # of the job's tmpfs writable (the job is written through it after this fork).
-        mount("/work", "/work", None, ms_bind, None, "bind /work onto itself")
-        remount_bind("/work", plan["work"])
+        attached = [(work, "/work", work_options)]
+        if session_tmp is not None:
+            attached.append((session_tmp, "/tmp", plan["session_tmp"]))
+        for fd, target, options in attached:
+            checked(libc.syscall(sys_move_mount, fd, b"", at_fdcwd, target.encode(),
+                                 move_mount_f_empty_path), "mount the job's " + target)
+            os.close(fd)
+            # The job's view is a bind of it: a read-only /work leaves the host's
+            # descriptor of the job's tmpfs writable (the job is written through it after
+            # this fork).
+            mount(target, target, None, ms_bind, None, "bind %s onto itself" % target)
+            remount_bind(target, options)
         step("sethostname", socket.sethostname, plan["hostname"])
         if plan["loopback_up"]:
             step("bring up lo", bring_up_loopback)
@@ -421,6 +446,8 @@ def _airlock_zygote():
         os.setsid()
         for setting in plan["rlimits"]:
             value = setting["value"]
+            if setting["resource"] == "Cpu" and "cpu" in session:
+                value = session["cpu"]
             step("setrlimit %s %d" % (setting["resource"], value), resource.setrlimit,
                  rlimits[setting["resource"]], (value, value))
         # Capabilities: the bounding set, ambient, the identity, then every set emptied
@@ -463,7 +490,7 @@ def _airlock_zygote():
         tempfile = sys.modules.get("tempfile")
         if tempfile is not None:
             tempfile._name_sequence = None
-        for name in machinery:
+        for name in kernel_machinery if session.get("kernel") else machinery:
             sys.modules.pop(name, None)
         # Descriptors: stdio, and the control pipe as 6; nothing else of anyone's.
         os.dup2(job_control, control)
@@ -487,6 +514,24 @@ def _airlock_zygote():
             checked(libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.addressof(fprog), 0, 0),
                     "install seccomp %s filter" % name)
 
+    def session_request(data):
+        # b"fork-session cpu=<seconds> tmp=<0|1> kernel=<0|1>" (zygote.rs fork_with),
+        # else None.
+        words = data.split()
+        if len(words) != 4 or words[0] != b"fork-session":
+            return None
+        flag = {b"0": False, b"1": True}
+        try:
+            fields = dict(w.split(b"=", 1) for w in words[1:])
+            cpu = int(fields[b"cpu"])
+            tmp = flag[fields[b"tmp"]]
+            kernel = flag[fields[b"kernel"]]
+        except (KeyError, ValueError):
+            return None
+        if cpu <= 0:
+            return None
+        return {"cpu": cpu, "tmp": tmp, "kernel": kernel}
+
     poller = select.poll()
     poller.register(control, select.POLLIN)
     leaders = {}
@@ -505,14 +550,16 @@ def _airlock_zygote():
                 os.waitpid(pid, 0)
                 continue
             try:
-                data, fds, flags, _ = socket.recv_fds(sock, 4096, fds_per_child + 1)
+                data, fds, flags, _ = socket.recv_fds(sock, 4096, fds_per_child + 2)
             except OSError:
                 os._exit(0)
             if not data:
                 # The host closed its end: this zygote is retired. Children alive go on,
                 # reaped by the template's init.
                 os._exit(0)
-            if data != b"fork" or len(fds) != fds_per_child or flags & (
+            own = session_request(data)
+            expected = fds_per_child + (1 if own is not None and own["tmp"] else 0)
+            if (data != b"fork" and own is None) or len(fds) != expected or flags & (
                     socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 for f in fds:
                     os.close(f)
@@ -537,7 +584,9 @@ def _airlock_zygote():
                 # The zygote's socket object must not close descriptor 6 (the job's) when
                 # the frame holding it goes.
                 sock.detach()
-                if child(fds, (ask_write, done_read), threads) is True:
+                if own is not None:
+                    own["tmp"] = fds.pop() if own["tmp"] else None
+                if child(fds, (ask_write, done_read), threads, own) is True:
                     return True
                 os._exit(1)
             for f in fds + [ask_write, done_read]:

@@ -98,6 +98,12 @@ pub struct ChildPlan {
     pub mounts: Vec<MountStep>,
     /// The options of the job's `/work`.
     pub work: MountOptions,
+    /// The options of a session's `/work` (always writable), in place of `work` when a
+    /// fork is for a session's job.
+    pub session_work: MountOptions,
+    /// The options of a session's own `/tmp`, attached in place of the fresh one when a
+    /// fork for a session carries it.
+    pub session_tmp: MountOptions,
     /// pid 1's: the fresh `/proc`, then its masks and read-only subtrees.
     pub proc: Vec<MountStep>,
     /// The sandbox's host name.
@@ -167,6 +173,8 @@ impl ChildPlan {
             user_namespace_limits: child_namespace_limits(limits),
             mounts,
             work,
+            session_work: crate::mount_plan::workdir_options(airlock_core::policy::WorkdirMode::Rw),
+            session_tmp: crate::mount_plan::SESSION_TMP_OPTIONS,
             proc,
             hostname: plan.hostname.clone(),
             loopback_up: plan.loopback_up,
@@ -378,6 +386,15 @@ pub fn zygote_argv(template: &JobSpec, preload: &[String]) -> Option<Vec<String>
         python::run_job_program(crate::plan::CONTROL_FD),
         ZYGOTE_PY
             .replace("{MODULES}", &python::module_list(preload))
+            .replace(
+                "{KERNEL_MODULES}",
+                &python::module_list(
+                    &python::KERNEL_MODULES
+                        .iter()
+                        .map(|m| (*m).to_owned())
+                        .collect::<Vec<_>>(),
+                ),
+            )
             .replace("{STATUS_FD}", &crate::plan::STATUS_FD.to_string())
     );
     python::interpreter_running(template, program)
@@ -414,6 +431,20 @@ fn template_plan(
     plan.program = ProgramRole::Zygote;
     plan.control_fd = true;
     plan
+}
+
+/// What a fork for a session's job changes of a child: the session's own `/tmp` (a host
+/// directory, attached from a detached copy of its mount) and the CPU-time limit of the
+/// job's wall time (a kernel's is the session's `ttl`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionMounts {
+    /// The session's `/tmp` on the host, when it keeps one; else the child's is fresh.
+    pub tmp: Option<std::path::PathBuf>,
+    /// `RLIMIT_CPU` of the job, in seconds.
+    pub cpu_rlimit_secs: u64,
+    /// A kernel session's driver: it keeps the modules the driver imports
+    /// ([`python::KERNEL_MODULES`]), already imported by the zygote.
+    pub kernel: bool,
 }
 
 /// A running zygote: its template sandbox and the socket to it. Every child holds an
@@ -726,6 +757,21 @@ impl Zygote {
         cgroup: Option<&JobCgroup>,
         send_out_dir: bool,
     ) -> Result<Launched, NativeError> {
+        self.fork_with(label, jobdir, cgroup, send_out_dir, None)
+            .await
+    }
+
+    /// [`Zygote::fork`], for a session's job when `session` is given: the child attaches
+    /// the session's own `/tmp` (when it keeps one) in place of a fresh tmpfs, and sets the
+    /// CPU-time limit of the job's wall time in place of the template's.
+    pub(crate) async fn fork_with(
+        &self,
+        label: &str,
+        jobdir: &JobDir,
+        cgroup: Option<&JobCgroup>,
+        send_out_dir: bool,
+        session: Option<&SessionMounts>,
+    ) -> Result<Launched, NativeError> {
         let spawned_at = Instant::now();
         let procs: Vec<OwnedFd> = cgroup
             // `tasks` on v1 (one thread, no global lock: the forked leader has one thread),
@@ -766,6 +812,29 @@ impl Zygote {
             )
             .map_err(|e| zygote_io("detach a mount of the job's /work", &e.into()))?,
         };
+        let session_tmp = match session.and_then(|s| s.tmp.as_deref()) {
+            Some(tmp) => Some(
+                rustix::mount::open_tree(
+                    rustix::fs::CWD,
+                    tmp,
+                    rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+                        | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC
+                        | rustix::mount::OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| zygote_io("detach a mount of the session's /tmp", &e.into()))?,
+            ),
+            None => None,
+        };
+        let request = match session {
+            None => b"fork".to_vec(),
+            Some(s) => format!(
+                "fork-session cpu={} tmp={} kernel={}",
+                s.cpu_rlimit_secs,
+                u8::from(session_tmp.is_some()),
+                u8::from(s.kernel)
+            )
+            .into_bytes(),
+        };
         let pipe = || {
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
                 .map_err(|e| zygote_io("create a pipe", &e.into()))
@@ -790,6 +859,7 @@ impl Zygote {
         ];
         theirs.extend(procs.iter().map(AsFd::as_fd));
         debug_assert_eq!(theirs.len(), FORK_FIXED_FDS + self.cgroup_procs);
+        theirs.extend(session_tmp.as_ref().map(AsFd::as_fd));
 
         let status_receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(status_read)
             .map_err(|e| zygote_io("status pipe", &e))?;
@@ -802,7 +872,7 @@ impl Zygote {
                 step: "fork",
                 detail: "the zygote is retired".into(),
             })?;
-            send(socket, b"fork", &theirs).await?;
+            send(socket, &request, &theirs).await?;
             tokio::time::timeout(FORK_TIMEOUT, receive_reply(socket))
                 .await
                 .map_err(|_| NativeError::Zygote {
@@ -818,7 +888,7 @@ impl Zygote {
             status_write,
             control_read,
         ));
-        drop((child_end, work, procs));
+        drop((child_end, work, procs, session_tmp));
         if !reply.starts_with(b"forked ") {
             return Err(NativeError::Zygote {
                 step: "fork",

@@ -43,7 +43,7 @@ pub struct RejectLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WarmLabels {
     /// Jobs: `hit`, `miss`, `unfit`. Sandboxes: `started`, `failed`, `discarded`,
-    /// `started_for_job`.
+    /// `started_for_job`, `started_for_session`.
     pub result: String,
 }
 
@@ -177,7 +177,7 @@ impl Metrics {
         );
         registry.register(
             "warm_pool_sandboxes",
-            "Warm sandboxes or containers started, failed to start, or discarded (found dead, idle past warm_idle, or their CPU share not raised); started_for_job: forked from the zygote at once for a job that found none ready",
+            "Warm sandboxes or containers started, failed to start, or discarded (found dead, idle past warm_idle, or their CPU share not raised); started_for_job: forked from the zygote at once for a job that found none ready; started_for_session: forked from the zygote with a session's /work and /tmp for its kernel",
             warm_sandboxes.clone(),
         );
         registry.register(
@@ -315,6 +315,11 @@ impl Metrics {
                 "started_for_job",
                 now.started_for_jobs,
                 seen.started_for_jobs,
+            ),
+            (
+                "started_for_session",
+                now.started_for_sessions,
+                seen.started_for_sessions,
             ),
         ];
         let zygote = [

@@ -82,6 +82,20 @@ pub trait WarmSandboxes: Send + Sync + 'static {
         None
     }
 
+    /// Starts a sandbox of its own for a job no waiting sandbox can take because parts of
+    /// its sandbox are its session's (a kernel session's `/work` and `/tmp`, bound when the
+    /// sandbox is built), when the backend can build it for less than a fresh one costs
+    /// (the native backend forks it from its zygote with the session's mounts); `None`
+    /// when it cannot, and the job runs fresh. The job's own files are in place once the
+    /// start has returned (its delivery writes none).
+    fn start_for_session<'a>(
+        &'a self,
+        job: &'a JobSpec,
+    ) -> Option<BoxFuture<'a, Result<Self::Warm, Self::Error>>> {
+        let _ = job;
+        None
+    }
+
     /// Whether a start may be dropped part-way, at shutdown: true when dropping its future
     /// removes all it had made (the native backend's guards kill and remove synchronously);
     /// false when a request to a daemon could still complete after the drop (a container
@@ -159,6 +173,7 @@ struct Counters {
     failed: AtomicU64,
     discarded: AtomicU64,
     started_for_jobs: AtomicU64,
+    started_for_sessions: AtomicU64,
 }
 
 struct Shared<S: WarmSandboxes> {
@@ -236,6 +251,7 @@ impl<S: WarmSandboxes> WarmPool<S> {
             failed: c.failed.load(Ordering::Relaxed),
             discarded: c.discarded.load(Ordering::Relaxed),
             started_for_jobs: c.started_for_jobs.load(Ordering::Relaxed),
+            started_for_sessions: c.started_for_sessions.load(Ordering::Relaxed),
             ..WarmPoolStats::default()
         };
         self.shared.sandboxes.add_stats(&mut stats);
@@ -297,6 +313,23 @@ impl<S: WarmSandboxes> WarmPool<S> {
         let sandboxes = &shared.sandboxes;
         if !sandboxes.fits(job) {
             shared.counters.unfit.fetch_add(1, Ordering::Relaxed);
+            if let Some(start) = sandboxes.start_for_session(job) {
+                match start.await {
+                    Ok(warm) => {
+                        shared
+                            .counters
+                            .started_for_sessions
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(job_id = %job.id, sandbox = %S::name(&warm),
+                            "a session's job runs in a sandbox started for it with the session's mounts");
+                        return self.deliver(job, tap, warm, Acquire::Fork).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(job_id = %job.id, error = %e,
+                            "cannot start a sandbox for a session's job; it runs in a fresh one");
+                    }
+                }
+            }
             return sandboxes.run_fresh(job, tap).await;
         }
         let Some(warm) = self.take().await else {

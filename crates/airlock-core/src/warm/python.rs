@@ -4,7 +4,7 @@
 //! streams however it was delivered.
 
 use crate::job::{JobSpec, WORKDIR};
-use crate::policy::NetworkMode;
+use crate::policy::{FilesystemPolicy, NetworkMode, WorkdirMode};
 
 /// The job runner every warm sandbox's interpreter runs, defining `_airlock_run(forked)`,
 /// with `{CONTROL_FD}` standing for the descriptor it reads its job from: the bootstrap of
@@ -119,6 +119,49 @@ pub fn interpreter_running(template: &JobSpec, program: String) -> Option<Vec<St
 /// enforces. Its wall time may be shorter (the kill is the supervisor's); the output caps
 /// are the supervisor's too and may differ.
 pub fn fits(template: &JobSpec, job: &JobSpec) -> bool {
+    // A session's /work is bound when the sandbox is built; a warm one has its own.
+    job.workspace.is_none()
+        && job.session_tmp.is_none()
+        && job.limits.timeout <= template.limits.timeout
+        && same_sandbox(template, job, &job.filesystem)
+}
+
+/// Whether a session's `job` (its `/work` the session's workspace, always writable, its
+/// `/tmp` the session's own or fresh) gets the sandbox of `template` but for those mounts
+/// and its CPU-time limit, which follows its own wall time (a kernel lives for the
+/// session's `ttl`): what a sandbox forked for it with the session's mounts gives it
+/// (`WarmSandboxes::start_for_session`).
+pub fn fits_session(template: &JobSpec, job: &JobSpec) -> bool {
+    let filesystem = FilesystemPolicy {
+        workdir: template.filesystem.workdir,
+        ..job.filesystem.clone()
+    };
+    job.workspace.is_some()
+        && job.filesystem.workdir == WorkdirMode::Rw
+        && same_sandbox(template, job, &filesystem)
+}
+
+/// The modules a kernel session's driver imports (airlock-engine's `kernel_driver.py`,
+/// which a test holds to this list): a zygote imports them once, and a sandbox it forks
+/// for a kernel keeps them as a fresh kernel would have them once started, where any
+/// other child is left only a fresh interpreter's modules and the policy's preload.
+pub const KERNEL_MODULES: &[&str] = &[
+    "_ast",
+    "json",
+    "linecache",
+    "os",
+    "select",
+    "signal",
+    "stat",
+    "sys",
+    "time",
+    "types",
+];
+
+/// Everything but `/work`, `/tmp`'s source and the wall time: the interpreter and its
+/// flags, the environment, the network, the filesystem's shape (`filesystem`, the job's
+/// as compared) and the limits.
+fn same_sandbox(template: &JobSpec, job: &JobSpec, filesystem: &FilesystemPolicy) -> bool {
     let flags = template.argv.len().saturating_sub(1);
     let (t, j) = (&template.limits, &job.limits);
     job.language == template.language
@@ -128,17 +171,13 @@ pub fn fits(template: &JobSpec, job: &JobSpec) -> bool {
         && job.argv.iter().all(|a| !a.contains('\0'))
         && job.env == template.env
         && job.network == NetworkMode::None
-        // A session's /work is bound when the sandbox is built; a warm one has its own.
-        && job.workspace.is_none()
-        && job.session_tmp.is_none()
-        && job.filesystem == template.filesystem
+        && *filesystem == template.filesystem
         && j.memory == t.memory
         && j.cpus == t.cpus
         && j.pids == t.pids
         && j.tmp == t.tmp
         && j.open_files == t.open_files
         && j.file_size == t.file_size
-        && j.timeout <= t.timeout
 }
 
 /// The message that delivers `job` to a warm sandbox built for `template`: the length

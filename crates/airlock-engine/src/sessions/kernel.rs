@@ -170,6 +170,7 @@ pub(super) async fn start_kernel(
         args: vec![first_call.to_string()],
         workspace: Some(session.workspace_path.clone()),
         session_tmp: session.tmp_path.clone(),
+        session_kernel: true,
         ..Default::default()
     };
     let (kill_tx, kill_rx) = oneshot::channel::<String>();
@@ -750,4 +751,37 @@ pub(super) async fn run_kernel_call(
         results,
         execution_count: record["execution_count"].as_u64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The modules a kernel imports before it is ready and in its warm-up are the list a
+    /// zygote keeps for the sandboxes it forks for kernels: nothing the driver needs at once
+    /// is left out (its start would import it), nothing else is kept.
+    #[test]
+    fn the_kernels_start_imports_are_the_modules_a_zygote_keeps_for_it() {
+        let driver = super::KERNEL_DRIVER;
+        let warm_up = driver
+            .split("def _warm_up():")
+            .nth(1)
+            .and_then(|rest| rest.split("\ndef ").next())
+            .expect("the driver has _warm_up");
+        let top_level = driver.lines().filter(|l| l.starts_with("import "));
+        let in_warm_up = warm_up
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| l.starts_with("import "));
+        let imported: BTreeSet<&str> = top_level
+            .chain(in_warm_up)
+            .flat_map(|l| l["import ".len()..].split(','))
+            .map(str::trim)
+            .collect();
+        let kept: BTreeSet<&str> = airlock_core::warm::python::KERNEL_MODULES
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(imported, kept);
+    }
 }

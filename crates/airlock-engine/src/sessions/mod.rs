@@ -373,14 +373,14 @@ impl Session {
 pub struct SessionManager {
     root: PathBuf,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    /// One inotify instance for every kernel's control directory ([`wake`]).
-    control_watch: Option<Arc<wake::ControlWatch>>,
-    control_reader: Option<tokio::task::AbortHandle>,
+    /// One inotify instance for every kernel's control directory ([`wake`]), made with
+    /// the first kernel session (none at all for a server that never has one).
+    control_watch: std::sync::OnceLock<Option<(Arc<wake::ControlWatch>, tokio::task::AbortHandle)>>,
 }
 
 impl Drop for SessionManager {
     fn drop(&mut self) {
-        if let Some(reader) = &self.control_reader {
+        if let Some(Some((_, reader))) = self.control_watch.get() {
             reader.abort();
         }
     }
@@ -439,16 +439,22 @@ impl SessionManager {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot sweep stale session workspaces"),
         }
-        let (control_watch, control_reader) = wake::ControlWatch::start().unzip();
         let manager = Arc::new(Self {
             root: root.to_owned(),
             sessions: Mutex::new(HashMap::new()),
-            control_watch,
-            control_reader,
+            control_watch: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&manager);
         tokio::spawn(reap_loop(weak));
         Ok(manager)
+    }
+
+    /// The manager's inotify instance, made at the first call (on the current runtime).
+    fn control_watch(&self) -> Option<Arc<wake::ControlWatch>> {
+        self.control_watch
+            .get_or_init(wake::ControlWatch::start)
+            .as_ref()
+            .map(|(watch, _)| watch.clone())
     }
 
     fn lookup(&self, tenant: &str, id: &str) -> Result<Arc<Session>, SessionError> {
@@ -569,7 +575,9 @@ impl SessionManager {
                 }),
                 ending: watch::channel(None).0,
                 woken: Arc::new(tokio::sync::Notify::new()),
-                control_watch: self.control_watch.clone(),
+                control_watch: (policy.mode == SessionMode::Kernel)
+                    .then(|| self.control_watch())
+                    .flatten(),
             });
             sessions.insert(id.clone(), session);
         }

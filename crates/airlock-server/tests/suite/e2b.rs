@@ -3,6 +3,8 @@
 //! another tenant refused, and a command's Connect stream parsed envelope by envelope.
 //! (The unmodified SDKs run the whole flow in scripts/ci/e2b.sh.)
 
+use std::time::{Duration, Instant};
+
 use base64::Engine as _;
 use serde_json::{Value, json};
 
@@ -386,4 +388,109 @@ async fn e2b_creates_on_the_builtin_policy() {
     )
     .await;
     assert_eq!(killed.status, 204, "{}", killed.json());
+}
+
+/// Issue 35, target 3, through E2B's API: with the native warm pool on, a code
+/// interpreter sandbox's kernel is forked from the zygote with the sandbox's own `/tmp`
+/// (which persists, as E2B's does) as well as its `/work`; what a cell leaves in `/tmp`
+/// is there for the kernel that replaces it, forked again.
+#[tokio::test]
+async fn e2b_kernels_forked_from_the_zygote_keep_the_sandboxes_tmp() {
+    require_server!();
+    let (key, entry) = new_token("alice", &[]);
+    let server = Server::start(Opts {
+        files: vec![(
+            "policy.toml".into(),
+            airlock_core::policy::BUILTIN_POLICY_TOML.replacen(
+                "\nwarm_pool = 0 ",
+                "\nwarm_pool = 1 ",
+                1,
+            ),
+        )],
+        args: ["--policy", "policy.toml"].map(String::from).to_vec(),
+        tokens: Some(entry),
+        ..Default::default()
+    });
+    // The server has tokens: its metrics want one too.
+    let metric = |series: &'static str| {
+        let request = client().get(server.url("/metrics")).bearer_auth(&key);
+        async move {
+            let text = request.send().await.unwrap().text().await.unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+                .map_or(0, |v| v as u64)
+        }
+    };
+    let started = Instant::now();
+    while metric("airlock_warm_pool_zygote_total{result=\"started\"}").await < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no zygote started:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let c = client();
+    let created = send(
+        c.post(server.url("/v2/sandboxes"))
+            .header("X-API-Key", &key)
+            .json(&json!({"templateID": "code-interpreter-v1"})),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.json());
+    let sandbox = created.json();
+    let id = sandbox["sandboxID"].as_str().unwrap().to_owned();
+    let token = sandbox["envdAccessToken"].as_str().unwrap().to_owned();
+    let execute = |code: &str| {
+        let request = c
+            .post(server.url("/execute"))
+            .header("E2b-Sandbox-Id", &id)
+            .header("E2b-Sandbox-Port", "49999")
+            .header("X-Access-Token", &token)
+            .json(&json!({"code": code}));
+        async move {
+            let reply = send(request).await;
+            assert_eq!(
+                reply.status,
+                200,
+                "{}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            String::from_utf8_lossy(&reply.body)
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .collect::<Vec<Value>>()
+        }
+    };
+    let result = |lines: &[Value]| {
+        lines
+            .iter()
+            .find(|l| l["type"] == "result")
+            .map(|l| l["text"].clone())
+    };
+    let sessions_forked =
+        || metric("airlock_warm_pool_sandboxes_total{result=\"started_for_session\"}");
+    assert_eq!(sessions_forked().await, 1, "{}", server.log());
+    let wrote = execute("open('/tmp/kept', 'w').write('in tmp')").await;
+    assert_eq!(result(&wrote), Some(json!("6")), "{wrote:?}");
+    // The sandbox's /tmp seen from its kernel: the session's tmpfs, not a fresh one.
+    let mounted = execute(
+        "[l.split(' - ')[1].split()[1] for l in open('/proc/self/mountinfo') if l.split()[4] == '/tmp'][-1]",
+    )
+    .await;
+    assert_eq!(
+        result(&mounted),
+        Some(json!("'airlock-session'")),
+        "{mounted:?}"
+    );
+    execute("import os\nos._exit(3)").await;
+    let read = execute("open('/tmp/kept').read()").await;
+    assert_eq!(result(&read), Some(json!("'in tmp'")), "{read:?}");
+    assert_eq!(sessions_forked().await, 2, "{}", server.log());
+    let killed = send(
+        c.delete(server.url(&format!("/sandboxes/{id}")))
+            .header("X-API-Key", &key),
+    )
+    .await;
+    assert_eq!(killed.status, 204);
 }

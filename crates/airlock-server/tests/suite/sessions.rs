@@ -1705,3 +1705,107 @@ async fn a_kernel_whose_wake_fifo_is_replaced_still_answers_and_the_host_follows
         "the host wrote through the job's link"
     );
 }
+
+/// Waits until the server's native pool has a zygote to fork from.
+async fn wait_for_zygote(server: &Server) {
+    let start = Instant::now();
+    while metric(server, "airlock_warm_pool_zygote_total{result=\"started\"}").await < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no zygote started:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 35, target 3: with the native warm pool on, a kernel session's kernel is forked
+/// from the zygote with the session's mounts rather than started from scratch. It is the
+/// same locked-down sandbox the probe finds in a fresh one, with the session's `/work`,
+/// the CPU-time limit of the session's `ttl` (not the pool template's wall time), the
+/// driver's modules and none of the zygote's own; a replaced kernel is forked again over
+/// the same files.
+#[tokio::test]
+async fn a_kernel_forked_from_the_zygote_is_the_same_locked_down_sandbox_over_the_sessions_work() {
+    require_server!();
+    airlock_testkit::require!(
+        airlock_testkit::require_probe().is_ok(),
+        "the probe is not built (cargo build -p airlock-testkit --bins)"
+    );
+    let canary = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = canary.local_addr().unwrap().to_string();
+    let server = start(
+        "mode = \"kernel\"\nttl = \"10m\"\nidle = \"10m\"\n\
+         [limits]\nstdout = \"1MiB\"\ntimeout = \"20s\"\n[native]\nwarm_pool = 1",
+        None,
+    );
+    wait_for_zygote(&server).await;
+    let forked_for_sessions = || {
+        metric(
+            &server,
+            "airlock_warm_pool_sandboxes_total{result=\"started_for_session\"}",
+        )
+    };
+    let id = id_of(&create(&server, None).await);
+    assert_eq!(forked_for_sessions().await, 1, "{}", server.log());
+
+    let modules = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "import sys\nsorted(m for m in ('json', 'linecache', 'ctypes', 'fcntl', 'socket', 'resource') if m in sys.modules)"}),
+    )
+    .await;
+    assert_eq!(
+        modules.body["value"], "['json', 'linecache']",
+        "the kernel keeps its driver's modules and none of the zygote's: {:#}",
+        modules.body
+    );
+    let cpu = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "import resource\nopen('/work/kept.txt', 'w').write('kept')\nresource.getrlimit(resource.RLIMIT_CPU)[0]"}),
+    )
+    .await;
+    let cpu: u64 = cpu.body["value"].as_str().unwrap().parse().unwrap();
+    // The template's would be its 20 s wall time's at most; the session lives 10 minutes.
+    assert!(cpu > 100, "RLIMIT_CPU {cpu} s is not the session's");
+
+    put_probe(&server, &id).await;
+    let probe = json!({"code": format!(
+        "import os, shutil, subprocess, sys\nshutil.copy('/work/probe', '/work/probe-x')\n\
+         os.chmod('/work/probe-x', 0o755)\n\
+         run = subprocess.run(['/work/probe-x', 'report', '--canary', {addr:?}], capture_output=True)\n\
+         sys.stdout.write(run.stdout.decode())\nrun.returncode"
+    )});
+    let reply = call(&server, None, &id, probe.clone()).await;
+    let stdout = reply.body["observation"]["stdout"].as_str().unwrap();
+    let report = airlock_testkit::ProbeReport::from_json(stdout)
+        .unwrap_or_else(|e| panic!("the probe's report: {e}\n{:#}", reply.body));
+    assert_locked_down(&report, &canary, "a kernel forked from the zygote", 100);
+
+    // Replaced, the kernel is forked again, over the same /work.
+    let died = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "import os\nos._exit(3)"}),
+    )
+    .await;
+    assert_eq!(died.status, 200, "{:#}", died.body);
+    let again = call(
+        &server,
+        None,
+        &id,
+        json!({"code": "open('/work/kept.txt').read()"}),
+    )
+    .await;
+    assert!(
+        again.body["kernel_restarted"].is_string(),
+        "{:#}",
+        again.body
+    );
+    assert_eq!(again.body["value"], "'kept'", "{:#}", again.body);
+    assert_eq!(forked_for_sessions().await, 2, "{}", server.log());
+}

@@ -318,6 +318,8 @@ async fn warm_sandboxes_wait_at_the_lowest_cpu_priority_and_jobs_run_at_normal()
 /// A session's jobs bind the session's `/work` when their sandbox is built, so no warm
 /// sandbox (built with a `/work` of its own) ever takes one: in either mode every call is
 /// counted unfit, none a hit, and the files carry across calls as they do without a pool.
+/// (Here without a zygote; with one, a sandbox is forked for the session's job with its
+/// mounts: sessions.rs.)
 #[tokio::test]
 async fn session_jobs_never_take_a_warm_sandbox() {
     require_server!();
