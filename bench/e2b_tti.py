@@ -79,6 +79,37 @@ def command_once() -> float:
     return elapsed
 
 
+def session_once(url: str, key: str) -> float:
+    """The same through airlock's own API: POST /v1/sessions, then its first run."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+
+    def call(method: str, path: str, body: object = None) -> object:
+        data = None if body is None else json.dumps(body)
+        connection.request(method, path, body=data, headers=headers)
+        response = connection.getresponse()
+        text = response.read()
+        if response.status >= 300:
+            raise SystemExit(f"{method} {path}: {response.status} {text[:300]!r}")
+        return json.loads(text) if text else None
+
+    start = time.perf_counter()
+    session = call("POST", "/v1/sessions", {})
+    assert isinstance(session, dict)
+    result = call("POST", f"/v1/sessions/{session['id']}/runs", {"code": "1+1"})
+    elapsed = time.perf_counter() - start
+    call("DELETE", f"/v1/sessions/{session['id']}")
+    connection.close()
+    if not isinstance(result, dict) or result.get("value") != "2":
+        raise SystemExit(f"the session's first run answered {result!r}")
+    return elapsed
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -115,6 +146,10 @@ def main() -> None:
                 for name, once in [
                     ("create -> first run_code result (code-interpreter-v1)", code_interpreter_once),
                     ("create -> first commands.run (base)", command_once),
+                    (
+                        "airlock's API: POST /v1/sessions -> first run result",
+                        lambda: session_once(url, key),
+                    ),
                 ]:
                     # Warm-up: the minimal root's first copy, the SDK's imports; the
                     # pool's zygote, started beside the server, is up well before 3 s.
@@ -131,7 +166,7 @@ def main() -> None:
         f"{args.runs} sandboxes per row after one warm-up, binary {args.airlock}\n"
     )
     print(
-        "| airlock, through E2B's Python SDK | median s | p90 s | "
+        "| airlock, through E2B's Python SDK (or airlock's own API where named) | median s | p90 s | "
         + " | ".join(f"x {k} ({v} s)" for k, v in PUBLISHED.items())
         + " |"
     )
