@@ -330,23 +330,50 @@ pub async fn wait_health(server: &Server, check: impl Fn(&Value) -> bool) -> Val
 
 /// The text of `/metrics` (no token).
 pub async fn metrics_text(server: &Server) -> String {
-    client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    metrics_text_as(server, None).await
+}
+
+/// The text of `/metrics`, with `token` when the server has tokens.
+pub async fn metrics_text_as(server: &Server, token: Option<&str>) -> String {
+    let mut request = client().get(server.url("/metrics"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.unwrap().text().await.unwrap()
 }
 
 /// One series of `/metrics` (0 when absent).
 pub async fn metric(server: &Server, series: &str) -> u64 {
-    metrics_text(server)
+    metric_as(server, None, series).await
+}
+
+/// One series of `/metrics` (0 when absent), asked with `token`.
+pub async fn metric_as(server: &Server, token: Option<&str>, series: &str) -> u64 {
+    metrics_text_as(server, token)
         .await
         .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
+}
+
+/// Waits until the server's native pool has a zygote to fork from (asked with `token`).
+pub async fn wait_for_zygote(server: &Server, token: Option<&str>) {
+    let start = Instant::now();
+    while metric_as(
+        server,
+        token,
+        "airlock_warm_pool_zygote_total{result=\"started\"}",
+    )
+    .await
+        < 1
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no zygote started:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until the server's warm pool has `want` sandboxes ready (a gVisor container

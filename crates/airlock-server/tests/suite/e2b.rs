@@ -3,8 +3,6 @@
 //! another tenant refused, and a command's Connect stream parsed envelope by envelope.
 //! (The unmodified SDKs run the whole flow in scripts/ci/e2b.sh.)
 
-use std::time::{Duration, Instant};
-
 use base64::Engine as _;
 use serde_json::{Value, json};
 
@@ -363,6 +361,19 @@ async fn e2b_creates_say_why_they_are_refused() {
     }
 }
 
+/// Creates a `code-interpreter-v1` sandbox with E2B's key header: its record.
+async fn create_code_interpreter(server: &Server, key: &str) -> Value {
+    let created = send(
+        client()
+            .post(server.url("/v2/sandboxes"))
+            .header("X-API-Key", key)
+            .json(&json!({"templateID": "code-interpreter-v1"})),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.json());
+    created.json()
+}
+
 /// Issue 31: the built-in policy (no --policy) has sessions on, so a create with no template
 /// (the code interpreter SDK's own default is `code-interpreter-v1`) gets a sandbox; kill ends it.
 #[tokio::test]
@@ -374,14 +385,10 @@ async fn e2b_creates_on_the_builtin_policy() {
         ..Default::default()
     });
     let c = client();
-    let created = send(
-        c.post(server.url("/v2/sandboxes"))
-            .header("X-API-Key", &key)
-            .json(&json!({"templateID": "code-interpreter-v1"})),
-    )
-    .await;
-    assert_eq!(created.status, 201, "{}", created.json());
-    let id = created.json()["sandboxID"].as_str().unwrap().to_owned();
+    let id = create_code_interpreter(&server, &key).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let killed = send(
         c.delete(server.url(&format!("/sandboxes/{id}")))
             .header("X-API-Key", &key),
@@ -411,34 +418,9 @@ async fn e2b_kernels_forked_from_the_zygote_keep_the_sandboxes_tmp() {
         tokens: Some(entry),
         ..Default::default()
     });
-    // The server has tokens: its metrics want one too.
-    let metric = |series: &'static str| {
-        let request = client().get(server.url("/metrics")).bearer_auth(&key);
-        async move {
-            let text = request.send().await.unwrap().text().await.unwrap();
-            text.lines()
-                .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
-                .map_or(0, |v| v as u64)
-        }
-    };
-    let started = Instant::now();
-    while metric("airlock_warm_pool_zygote_total{result=\"started\"}").await < 1 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no zygote started:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_zygote(&server, Some(&key)).await;
     let c = client();
-    let created = send(
-        c.post(server.url("/v2/sandboxes"))
-            .header("X-API-Key", &key)
-            .json(&json!({"templateID": "code-interpreter-v1"})),
-    )
-    .await;
-    assert_eq!(created.status, 201, "{}", created.json());
-    let sandbox = created.json();
+    let sandbox = create_code_interpreter(&server, &key).await;
     let id = sandbox["sandboxID"].as_str().unwrap().to_owned();
     let token = sandbox["envdAccessToken"].as_str().unwrap().to_owned();
     let execute = |code: &str| {
@@ -468,8 +450,13 @@ async fn e2b_kernels_forked_from_the_zygote_keep_the_sandboxes_tmp() {
             .find(|l| l["type"] == "result")
             .map(|l| l["text"].clone())
     };
-    let sessions_forked =
-        || metric("airlock_warm_pool_sandboxes_total{result=\"started_for_session\"}");
+    let sessions_forked = || {
+        metric_as(
+            &server,
+            Some(&key),
+            "airlock_warm_pool_sandboxes_total{result=\"started_for_session\"}",
+        )
+    };
     assert_eq!(sessions_forked().await, 1, "{}", server.log());
     let wrote = execute("open('/tmp/kept', 'w').write('in tmp')").await;
     assert_eq!(result(&wrote), Some(json!("6")), "{wrote:?}");

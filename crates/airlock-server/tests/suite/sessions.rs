@@ -1706,19 +1706,6 @@ async fn a_kernel_whose_wake_fifo_is_replaced_still_answers_and_the_host_follows
     );
 }
 
-/// Waits until the server's native pool has a zygote to fork from.
-async fn wait_for_zygote(server: &Server) {
-    let start = Instant::now();
-    while metric(server, "airlock_warm_pool_zygote_total{result=\"started\"}").await < 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no zygote started:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Issue 35, target 3: with the native warm pool on, a kernel session's kernel is forked
 /// from the zygote with the session's mounts rather than started from scratch. It is the
 /// same locked-down sandbox the probe finds in a fresh one, with the session's `/work`,
@@ -1739,7 +1726,7 @@ async fn a_kernel_forked_from_the_zygote_is_the_same_locked_down_sandbox_over_th
          [limits]\nstdout = \"1MiB\"\ntimeout = \"20s\"\n[native]\nwarm_pool = 1",
         None,
     );
-    wait_for_zygote(&server).await;
+    wait_for_zygote(&server, None).await;
     let forked_for_sessions = || {
         metric(
             &server,
