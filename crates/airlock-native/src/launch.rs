@@ -73,6 +73,29 @@ fn next_owner_slot() -> u32 {
 }
 
 impl NativeBackend {
+    /// Prepares the minimal root on a thread of its own, for a long-running server whose
+    /// jobs use it: the first job after a start that follows a change of the host's files
+    /// (which remakes the copy, a few hundred milliseconds) then finds it made. A job that
+    /// comes meanwhile waits for it, as it would have made it itself.
+    pub fn prepare_minimal_root_in_background(self: &std::sync::Arc<Self>) {
+        if !crate::minimal_root::overlayfs_available() {
+            return;
+        }
+        let backend = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("airlock-minimal-root".into())
+            .spawn(move || match backend.minimal.get() {
+                Ok(prepared) => {
+                    tracing::debug!(tree = %prepared.tree.display(), "minimal root ready");
+                }
+                // Said again, as it is, by every job that needs it.
+                Err(e) => tracing::debug!(error = %e, "the minimal root could not be prepared"),
+            });
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "no thread to prepare the minimal root ahead of jobs");
+        }
+    }
+
     /// The minimal root's layout for `job`, refusing a job whose interpreter the host
     /// lacks or cannot run.
     fn minimal_layout(&self, job: &JobSpec) -> Result<RootfsLayout, NativeError> {

@@ -40,11 +40,14 @@ impl Provider for NativeProvider {
     ) -> Result<Arc<dyn Backend>, BackendError> {
         let helper = crate::backend::current_exe().map_err(BackendError::from)?;
         let config = crate::NativeConfig::from_policy(policy, helper);
-        let backend = crate::NativeBackend::new(config).map_err(BackendError::from)?;
+        let backend = Arc::new(crate::NativeBackend::new(config).map_err(BackendError::from)?);
+        if options.warm_pool && policy.filesystem.rootfs == airlock_core::policy::RootfsSpec::Host {
+            backend.prepare_minimal_root_in_background();
+        }
         let native = &policy.native;
         let Some((size, starts_max)) = airlock_core::warm::pool_size(native.warm_pool, &options)
         else {
-            return Ok(Arc::new(backend));
+            return Ok(backend);
         };
         let template =
             airlock_core::warm::template_job(policy, options.warm_template, &native.warm_language)?;
@@ -56,8 +59,7 @@ impl Provider for NativeProvider {
             zygote_forks: native.zygote_forks,
             starts_max,
         };
-        let pool =
-            crate::pool::start(Arc::new(backend), template, config).map_err(BackendError::from)?;
+        let pool = crate::pool::start(backend, template, config).map_err(BackendError::from)?;
         tracing::info!(size, language = %native.warm_language, zygote = native.zygote,
             "keeping warm sandboxes started");
         Ok(Arc::new(pool))

@@ -596,3 +596,37 @@ async fn a_server_without_tokens_serves_no_web_page() {
         assert!(metrics.contains(needle), "{needle} not in:\n{metrics}");
     }
 }
+
+/// Issue 35, target 4: a server prepares the minimal root when it starts, not at its first
+/// job: with a cache of its own (as after a change of the host's files, whose copy must be
+/// made again), the copy is made while no job has been sent, and the first job finds it.
+#[tokio::test]
+async fn a_server_prepares_the_minimal_root_before_its_first_job() {
+    require_server!();
+    let cache = tempfile::tempdir().unwrap();
+    let server = Server::start(Opts {
+        env: vec![(
+            "AIRLOCK_CACHE_DIR".into(),
+            cache.path().display().to_string(),
+        )],
+        ..Default::default()
+    });
+    let prepared = || {
+        std::fs::read_dir(cache.path().join("roots"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|spec| spec.path().join("current").exists())
+    };
+    let start = std::time::Instant::now();
+    while !prepared() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no minimal root was prepared without a job:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reply = post_run(&server, None, &json!({"code": "print('ok')"})).await;
+    assert_eq!(reply.body["stdout"], "ok\n", "{:#}", reply.body);
+}
