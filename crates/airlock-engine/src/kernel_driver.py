@@ -14,10 +14,10 @@
 # place. The driver waits on it with a short timeout and polls for the order file either
 # way; only once a byte has come does it trust the FIFO and wait longer (where the FIFO is
 # not the host's, as under gVisor, no byte ever comes and it keeps polling).
-# Imported before the kernel says it is ready: only what its loop needs. What an
-# ordinary call needs (json, linecache, _ast: `ast` took 7 ms of a 24 ms start, the
-# built-in `_ast` gives the same trees; IPython where the root has it) is imported right
-# after, while the host's answer and the first order travel (_warm_up); base64 and
+# Imported before the kernel says it is ready: only what its loop needs (and IPython,
+# where the root has it: main()). What an ordinary call needs (json, linecache, _ast:
+# `ast` took 7 ms of a 24 ms start, the built-in `_ast` gives the same trees) is imported
+# right after, while the host's answer and the first order travel (_warm_up); base64 and
 # traceback come with the first result or error that needs them.
 import os
 import select
@@ -534,6 +534,9 @@ def main():
     import builtins
 
     builtins.display = display
+    # Before `ready`: on a root with IPython its start can take seconds on a loaded host,
+    # which the host's start timeout allows for, and a call's wall time must not pay.
+    _ipython_shell()
     bell = _open_bell()
     trusted = False
     os.close(_open(D + "/ready"))
@@ -563,8 +566,6 @@ def _warm_up():
     import _ast
     import json
     import linecache
-
-    _ipython_shell()
 
 
 def _open_bell():
