@@ -248,17 +248,23 @@ impl NativeWarm {
         Ok(sandbox)
     }
 
-    /// Forks a sandbox for a session's job (its kernel, or a workspace call) with the
-    /// session's mounts: its files written into the session's workspace first, the job
-    /// directory's `work` then pointing at it; the child attaches a detached copy of that
-    /// mount at `/work`, and of the session's own `/tmp` at `/tmp` when it keeps one
-    /// (a fresh sandbox binds the same two by path), and takes the CPU-time limit of the
-    /// job's own wall time. At the job's CPU priority, as [`NativeWarm::fork_for_job`].
+    /// Forks a sandbox for a session's job (its kernel: a workspace call has `/out`, which
+    /// no pool's sandbox has) with the session's mounts: the child attaches a detached
+    /// copy of the session's workspace at `/work`, and of its own `/tmp` at `/tmp` when it
+    /// keeps one (a fresh sandbox binds the same two by path), and takes the CPU-time limit
+    /// of the job's own wall time. The job's files are written first, not at delivery:
+    /// writing them hands the workspace to the job's uid, which the child's job process
+    /// needs before it can enter `/work`. At the job's CPU priority, as
+    /// [`NativeWarm::fork_for_job`].
     async fn fork_for_session(
         &self,
         zygote: Arc<Zygote>,
         job: &JobSpec,
     ) -> Result<WaitingSandbox, NativeError> {
+        let work = job.workspace.clone().ok_or_else(|| NativeError::Zygote {
+            step: "fork for a session",
+            detail: "the job has no session workspace".into(),
+        })?;
         let (name, jobdir, cgroup) =
             self.prepare_sandbox_with(CpuPriority::Normal, WorkBacking::Directory)?;
         let ids = self.backend.id_mapping();
@@ -278,6 +284,7 @@ impl NativeWarm {
         };
         let send_out_dir = self.template.filesystem.out.enabled;
         let own = SessionMounts {
+            work,
             tmp: job.session_tmp.clone(),
             cpu_rlimit_secs: crate::launch::cpu_rlimit_secs(job),
             kernel: job.session_kernel,

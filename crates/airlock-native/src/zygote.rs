@@ -388,12 +388,7 @@ pub fn zygote_argv(template: &JobSpec, preload: &[String]) -> Option<Vec<String>
             .replace("{MODULES}", &python::module_list(preload))
             .replace(
                 "{KERNEL_MODULES}",
-                &python::module_list(
-                    &python::KERNEL_MODULES
-                        .iter()
-                        .map(|m| (*m).to_owned())
-                        .collect::<Vec<_>>(),
-                ),
+                &python::module_list(python::KERNEL_MODULES)
             )
             .replace("{STATUS_FD}", &crate::plan::STATUS_FD.to_string())
     );
@@ -433,11 +428,14 @@ fn template_plan(
     plan
 }
 
-/// What a fork for a session's job changes of a child: the session's own `/tmp` (a host
-/// directory, attached from a detached copy of its mount) and the CPU-time limit of the
+/// What a fork for a session's job changes of a child: its `/work` is the session's
+/// workspace and its `/tmp` the session's own when it keeps one (host directories, each
+/// attached from a detached copy of its mount), and its CPU-time limit is the one of the
 /// job's wall time (a kernel's is the session's `ttl`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionMounts {
+    /// The session's workspace on the host.
+    pub work: std::path::PathBuf,
     /// The session's `/tmp` on the host, when it keeps one; else the child's is fresh.
     pub tmp: Option<std::path::PathBuf>,
     /// `RLIMIT_CPU` of the job, in seconds.
@@ -445,6 +443,18 @@ pub struct SessionMounts {
     /// A kernel session's driver: it keeps the modules the driver imports
     /// ([`python::KERNEL_MODULES`]), already imported by the zygote.
     pub kernel: bool,
+}
+
+/// A detached copy (`open_tree` clone, close-on-exec) of the mount at `path`, for a child
+/// to attach.
+fn detached_copy(path: &std::path::Path, step: &'static str) -> Result<OwnedFd, NativeError> {
+    rustix::mount::open_tree(
+        rustix::fs::CWD,
+        path,
+        rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+            | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| zygote_io(step, &e.into()))
 }
 
 /// A running zygote: its template sandbox and the socket to it. Every child holds an
@@ -798,33 +808,22 @@ impl Zygote {
                 ),
             });
         }
-        // The job directory's detached tmpfs (the child attaches it, and the host keeps
-        // writing the job into it through its own descriptor), else a detached copy of the
-        // bind of its work/ directory.
-        let work = match jobdir.work_mount() {
-            Some(mount) => rustix::io::fcntl_dupfd_cloexec(mount, 0)
+        // A session's workspace (its job written into it already: NativeWarm::
+        // fork_for_session); else the job directory's detached tmpfs (the child attaches
+        // it, and the host keeps writing the job into it through its own descriptor), else
+        // a detached copy of the bind of its work/ directory.
+        let work = match (session, jobdir.work_mount()) {
+            (Some(session), _) => {
+                detached_copy(&session.work, "detach a mount of the session's /work")?
+            }
+            (None, Some(mount)) => rustix::io::fcntl_dupfd_cloexec(mount, 0)
                 .map_err(|e| zygote_io("hand over the job's /work", &e.into()))?,
-            None => rustix::mount::open_tree(
-                rustix::fs::CWD,
-                jobdir.work(),
-                rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
-                    | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            )
-            .map_err(|e| zygote_io("detach a mount of the job's /work", &e.into()))?,
+            (None, None) => detached_copy(&jobdir.work(), "detach a mount of the job's /work")?,
         };
-        let session_tmp = match session.and_then(|s| s.tmp.as_deref()) {
-            Some(tmp) => Some(
-                rustix::mount::open_tree(
-                    rustix::fs::CWD,
-                    tmp,
-                    rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
-                        | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC
-                        | rustix::mount::OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| zygote_io("detach a mount of the session's /tmp", &e.into()))?,
-            ),
-            None => None,
-        };
+        let session_tmp = session
+            .and_then(|s| s.tmp.as_deref())
+            .map(|tmp| detached_copy(tmp, "detach a mount of the session's /tmp"))
+            .transpose()?;
         let request = match session {
             None => b"fork".to_vec(),
             Some(s) => format!(

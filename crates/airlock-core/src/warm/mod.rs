@@ -90,9 +90,8 @@ pub trait WarmSandboxes: Send + Sync + 'static {
     /// start has returned (its delivery writes none).
     fn start_for_session<'a>(
         &'a self,
-        job: &'a JobSpec,
+        _job: &'a JobSpec,
     ) -> Option<BoxFuture<'a, Result<Self::Warm, Self::Error>>> {
-        let _ = job;
         None
     }
 

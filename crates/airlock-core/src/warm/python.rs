@@ -38,8 +38,11 @@ pub fn run_job_program(control_fd: i32) -> String {
 
 /// `preload` as a Python list literal. The names are checked identifiers ([native]
 /// warm_preload), which need no escaping as string literals.
-pub fn module_list(preload: &[String]) -> String {
-    let names: Vec<String> = preload.iter().map(|m| format!("\"{m}\"")).collect();
+pub fn module_list<S: AsRef<str>>(preload: &[S]) -> String {
+    let names: Vec<String> = preload
+        .iter()
+        .map(|m| format!("\"{}\"", m.as_ref()))
+        .collect();
     format!("[{}]", names.join(", "))
 }
 
@@ -132,13 +135,14 @@ pub fn fits(template: &JobSpec, job: &JobSpec) -> bool {
 /// session's `ttl`): what a sandbox forked for it with the session's mounts gives it
 /// (`WarmSandboxes::start_for_session`).
 pub fn fits_session(template: &JobSpec, job: &JobSpec) -> bool {
+    if job.workspace.is_none() || job.filesystem.workdir != WorkdirMode::Rw {
+        return false;
+    }
     let filesystem = FilesystemPolicy {
         workdir: template.filesystem.workdir,
         ..job.filesystem.clone()
     };
-    job.workspace.is_some()
-        && job.filesystem.workdir == WorkdirMode::Rw
-        && same_sandbox(template, job, &filesystem)
+    same_sandbox(template, job, &filesystem)
 }
 
 /// The modules a kernel session's driver imports (airlock-engine's `kernel_driver.py`,
