@@ -323,6 +323,12 @@ pub struct WarmPoolStats {
     pub zygotes_failed: u64,
     /// Zygotes that died or became unusable while serving (each replaced).
     pub zygotes_lost: u64,
+    /// Warm container jobs whose end the kernel told (a pidfd and the process events),
+    /// without waiting for the container engine.
+    pub container_ends_from_kernel: u64,
+    /// Warm container jobs whose end the container engine told (gVisor, no process
+    /// events on this host, or a job the events cannot tell the status of).
+    pub container_ends_from_engine: u64,
 }
 
 impl WarmPoolStats {
@@ -343,5 +349,7 @@ impl WarmPoolStats {
         self.zygotes_started += other.zygotes_started;
         self.zygotes_failed += other.zygotes_failed;
         self.zygotes_lost += other.zygotes_lost;
+        self.container_ends_from_kernel += other.container_ends_from_kernel;
+        self.container_ends_from_engine += other.container_ends_from_engine;
     }
 }

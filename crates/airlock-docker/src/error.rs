@@ -246,6 +246,14 @@ pub enum DockerError {
         /// What happened to it.
         reason: &'static str,
     },
+    /// The host's ends of a warm container's output FIFOs could not be read.
+    #[error("read the output FIFOs of warm container {container}")]
+    OutputFifos {
+        /// The container.
+        container: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A task of the backend failed.
     #[error("{0}")]
     Task(String),
@@ -282,6 +290,7 @@ impl DockerError {
             | DockerError::TcpGroup { .. }
             | DockerError::TcpGroupNotUsed { .. }
             | DockerError::WarmStart { .. }
+            | DockerError::OutputFifos { .. }
             | DockerError::Proxy { .. } => ErrorKind::Internal,
         }
     }

@@ -5,10 +5,14 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use std::os::fd::OwnedFd;
+
 use airlock_core::supervise::{
-    Chunk, JobOutput, Kill, OutputSource, Sandbox, Supervision, supervise,
+    Chunk, JobOutput, Kill, OutputSource, PipeSource, Sandbox, Supervision, supervise,
 };
-use airlock_core::{JobSpec, OutputTap, RunReport, StreamKind, Termination};
+use airlock_core::{JobSpec, LimitHit, OutputTap, RunReport, StreamKind, Termination};
+use airlock_host::exits::{ExitWatch, ProcessEnd, WaitStatus};
+use airlock_host::jobdir::OutputFifos;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::query_parameters::WaitContainerOptions;
@@ -124,32 +128,8 @@ impl DockerBackend {
         .await?;
         tracing::debug!(job_id = %job.id, "container stopped and its output drained");
         let limit_hit = supervised.limit_hit;
-        let state = docker
-            .inspect_container(name, None)
-            .await
-            .map_err(engine("inspect", name))?
-            .state
-            .unwrap_or_default();
+        let (termination, oom_kills) = self.ended_per_daemon(docker, name, limit_hit).await?;
         tracing::debug!(job_id = %job.id, "container state read");
-        let termination = match state.exit_code {
-            Some(code) if code > SIGNAL_EXIT_BASE && code <= SIGNAL_EXIT_BASE + SIGNAL_MAX => {
-                Termination::Signaled((code - SIGNAL_EXIT_BASE) as i32)
-            }
-            Some(code) => Termination::Exited(i32::try_from(code).unwrap_or(i32::MAX)),
-            None => Termination::Unknown,
-        };
-        let mut oom_kills = u64::from(state.oom_killed.unwrap_or(false));
-        // Podman 4.3 on cgroup v1 does not report OOMKilled. The job's pid 1 ignores
-        // SIGKILL from inside its namespace, so a SIGKILL airlock did not send came from
-        // the kernel: the OOM killer.
-        // gVisor's kernel may kill the job itself when it runs out of memory, before the
-        // host cgroup's OOM killer acts, and the daemon then sees no OOM either.
-        if matches!(self.config.flavor, Flavor::Podman | Flavor::Gvisor)
-            && limit_hit.is_none()
-            && termination == Termination::Signaled(SIGKILL)
-        {
-            oom_kills = oom_kills.max(1);
-        }
         Ok(RunReport {
             termination,
             limit_hit,
@@ -167,6 +147,152 @@ impl DockerBackend {
             network: None,
             acquire: airlock_core::Acquire::Fresh,
         })
+    }
+
+    /// How a stopped container's job ended, from its state: the exit code (a signal as
+    /// 128 + N, the runtimes' convention) and whether the kernel's OOM killer ended it.
+    async fn ended_per_daemon(
+        &self,
+        docker: &Docker,
+        name: &str,
+        limit_hit: Option<LimitHit>,
+    ) -> Result<(Termination, u64), DockerError> {
+        let state = docker
+            .inspect_container(name, None)
+            .await
+            .map_err(engine("inspect", name))?
+            .state
+            .unwrap_or_default();
+        let termination = match state.exit_code {
+            Some(code) if code > SIGNAL_EXIT_BASE && code <= SIGNAL_EXIT_BASE + SIGNAL_MAX => {
+                Termination::Signaled((code - SIGNAL_EXIT_BASE) as i32)
+            }
+            Some(code) => Termination::Exited(i32::try_from(code).unwrap_or(i32::MAX)),
+            None => Termination::Unknown,
+        };
+        let mut oom_kills = u64::from(state.oom_killed.unwrap_or(false));
+        // Podman 4.3 on cgroup v1 does not report OOMKilled ([`killed_by_the_kernel`]).
+        // gVisor's kernel may kill the job itself when it runs out of memory, before the
+        // host cgroup's OOM killer acts, and the daemon then sees no OOM either.
+        if matches!(self.config.flavor, Flavor::Podman | Flavor::Gvisor) {
+            oom_kills = oom_kills.max(killed_by_the_kernel(termination, limit_hit));
+        }
+        Ok((termination, oom_kills))
+    }
+
+    /// Runs a warm container's delivered job to its end as [`DockerBackend::supervise_started`]
+    /// does, but learns of its end without the daemon (docs/docker.md, "How a warm
+    /// container's job ends"): its output from the FIFOs its job writes to, its end from
+    /// a pidfd of its first process (readable once every process of its pid namespace is
+    /// gone), its exit status from the kernel's process events. When the events cannot
+    /// tell the status, it is the daemon's, waited for as before.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn supervise_reported(
+        &self,
+        job: &JobSpec,
+        tap: Option<OutputTap>,
+        ready: &Ready,
+        image: &CheckedImage,
+        name: &str,
+        started: Started,
+        stdin_bytes: Vec<u8>,
+        reported: ReportedEnd,
+    ) -> Result<(RunReport, EndSource), DockerError> {
+        let docker = &ready.docker;
+        let Started {
+            output,
+            mut input,
+            started_at,
+            setup,
+            ..
+        } = started;
+        // The attach stream carries the message and the job's stdin only; it is held
+        // until the job's end, as the cold path's.
+        let _attached_output = output;
+        let _stdin_writer = AbortOnDrop(tokio::spawn(async move {
+            let _ = input.write_all(&stdin_bytes).await;
+            let _ = input.shutdown().await;
+        }));
+        let ReportedEnd {
+            pidfd,
+            watch,
+            output,
+        } = reported;
+        let [stdout, stderr] = output.readers;
+        let receiver = |fd| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(|source| {
+                DockerError::OutputFifos {
+                    container: name.to_owned(),
+                    source,
+                }
+            })
+        };
+        let source = PipeSource::new(receiver(stdout)?, receiver(stderr)?);
+        let sandbox = ReportedSandbox {
+            pidfd,
+            watch: &watch,
+            writers: Some(output.writers),
+            docker,
+            name,
+        };
+        let supervised = supervise(
+            Supervision::of(job, started_at, DRAIN_TIMEOUT),
+            sandbox,
+            source,
+            JobOutput::new(&job.limits, tap),
+        )
+        .await?;
+        let limit_hit = supervised.limit_hit;
+        let (termination, oom_kills, source) = match supervised.exit {
+            Some(ProcessEnd::Status(raw)) => {
+                let termination = match WaitStatus::from_raw(raw) {
+                    WaitStatus::Exited(code) => Termination::Exited(code),
+                    WaitStatus::Signaled(signal) => Termination::Signaled(signal),
+                };
+                // As for Podman above: only the kernel sends the job's pid 1 a SIGKILL that
+                // airlock did not.
+                let oom_kills = killed_by_the_kernel(termination, limit_hit);
+                (termination, oom_kills, EndSource::Kernel)
+            }
+            other => {
+                let why = match other {
+                    Some(ProcessEnd::Unknown(why)) => why,
+                    _ => "it was not seen to end",
+                };
+                tracing::debug!(job_id = %job.id, reason = why, "the job's status comes from the daemon");
+                let mut wait = Box::pin(docker.wait_container(
+                    name,
+                    Some(WaitContainerOptions {
+                        condition: "not-running".to_owned(),
+                    }),
+                ));
+                let _ = next(&mut wait).await;
+                let (termination, oom_kills) =
+                    self.ended_per_daemon(docker, name, limit_hit).await?;
+                (termination, oom_kills, EndSource::Engine)
+            }
+        };
+        tracing::debug!(job_id = %job.id, ?source, "warm container's job ended");
+        Ok((
+            RunReport {
+                termination,
+                limit_hit,
+                oom_kills,
+                stdout: supervised.stdout,
+                stderr: supervised.stderr,
+                duration: supervised.duration,
+                setup,
+                cpu_time: None,
+                peak_memory_bytes: None,
+                image_digest: Some(image.digest.clone()),
+                degraded: Vec::new(),
+                out_files: Vec::new(),
+                out_rejected: Vec::new(),
+                network: None,
+                acquire: airlock_core::Acquire::Fresh,
+            },
+            source,
+        ))
     }
 }
 
@@ -203,6 +329,84 @@ impl Sandbox for ContainerSandbox<'_> {
         Kill::Started {
             request: Box::pin(async move { kill(&docker, &name).await }),
             grace: KILL_GRACE,
+        }
+    }
+}
+
+/// Whether the kernel ended the job's first process: a SIGKILL airlock did not send (no
+/// limit hit) can only be the OOM killer's, since that process is its pid namespace's
+/// init, which ignores SIGKILL from inside the namespace. 1 if so, else 0.
+fn killed_by_the_kernel(termination: Termination, limit_hit: Option<LimitHit>) -> u64 {
+    u64::from(limit_hit.is_none() && termination == Termination::Signaled(SIGKILL))
+}
+
+/// What tells a warm container's end without the daemon: a pidfd of its first process,
+/// that process watched in the kernel's process events, and the FIFOs its job's output
+/// goes to.
+pub(crate) struct ReportedEnd {
+    /// The container's first process (the job's pid 1), opened while it waited.
+    pub(crate) pidfd: tokio::io::unix::AsyncFd<OwnedFd>,
+    /// Its exit, watched since before its job was delivered.
+    pub(crate) watch: ExitWatch,
+    /// Where its job's stdout and stderr go.
+    pub(crate) output: OutputFifos,
+}
+
+/// Where a warm container job's end was learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndSource {
+    /// The kernel: the pidfd and the process events.
+    Kernel,
+    /// The container engine's wait and state.
+    Engine,
+}
+
+/// A warm container as the supervision core sees it when its end comes from the kernel:
+/// ended once its first process's pidfd is readable (its pid namespace is empty: the
+/// kernel signals a namespace's init gone only after every other process of it was killed
+/// and reaped), killed through that pidfd.
+struct ReportedSandbox<'a> {
+    pidfd: tokio::io::unix::AsyncFd<OwnedFd>,
+    watch: &'a ExitWatch,
+    /// The host's write ends of the output FIFOs, dropped at the end so that the output
+    /// ends once drained.
+    writers: Option<[OwnedFd; 2]>,
+    docker: &'a Docker,
+    name: &'a str,
+}
+
+/// How long the leader's exit event may follow its pidfd turning readable (it is sent
+/// right after): past this the status is the daemon's.
+const EXIT_EVENT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Sandbox for ReportedSandbox<'_> {
+    type Exit = ProcessEnd;
+    type Error = DockerError;
+
+    async fn wait(&mut self) -> Result<ProcessEnd, DockerError> {
+        // Cancel-safe: readiness is kept (never cleared), so a second call passes at once.
+        let _ = self.pidfd.readable().await;
+        self.writers = None;
+        Ok(tokio::time::timeout(EXIT_EVENT_GRACE, self.watch.ended())
+            .await
+            .unwrap_or(ProcessEnd::Unknown("its exit event did not come")))
+    }
+
+    fn kill(&mut self) -> Kill {
+        match rustix::process::pidfd_send_signal(
+            self.pidfd.get_ref(),
+            rustix::process::Signal::KILL,
+        ) {
+            Ok(()) => Kill::sent(KILL_GRACE),
+            Err(e) => {
+                tracing::debug!(container = %self.name, error = %e, "kill through the pidfd; asking the daemon");
+                let docker = self.docker.clone();
+                let name = self.name.to_owned();
+                Kill::Started {
+                    request: Box::pin(async move { kill(&docker, &name).await }),
+                    grace: KILL_GRACE,
+                }
+            }
         }
     }
 }

@@ -19,18 +19,22 @@
 //! itself (hits, refills, idle lifetime, shutdown, metrics) is every backend's:
 //! [`airlock_core::warm::WarmPool`].
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use airlock_cgroup::{CpuPriority, Hierarchy};
-use airlock_core::warm::python::{self, WarmStdin};
+use airlock_core::warm::python::{self, WarmOutput, WarmStdin};
 use airlock_core::warm::{WarmPool, WarmPoolConfig, WarmSandboxes};
 use airlock_core::{
     Backend, BackendKind, BoxFuture, Capabilities, JobId, JobSpec, OutputTap, RunReport, Teardown,
+    WarmPoolStats,
 };
-use airlock_host::jobdir::{JobDir, WorkBacking};
+use airlock_host::exits::ExitEvents;
+use airlock_host::jobdir::{JobDir, OutputFifos, WorkBacking};
 use bollard::query_parameters::WaitContainerOptions;
+use tokio::io::unix::AsyncFd;
 
 use crate::Flavor;
 use crate::backend::{AbortOnDrop, DockerBackend, JOB_IDS, next};
@@ -38,6 +42,7 @@ use crate::error::DockerError;
 use crate::image::CheckedImage;
 use crate::launch::{ContainerFiles, Started};
 use crate::spec;
+use crate::supervise::{EndSource, ReportedEnd};
 use crate::teardown::Leftovers;
 
 /// A container backend with a pool of warm containers for one language's jobs.
@@ -71,11 +76,28 @@ pub fn start(
     let hierarchy = Hierarchy::detect()
         .map_err(|e| refuse(format!("read the host's cgroup hierarchies: {e}")))?;
     let argv = python::warm_argv(&template, &[], 0).unwrap_or_default();
+    let exits = match flavor {
+        // The container's first process is the job's own interpreter, a host process.
+        Flavor::Docker | Flavor::Podman => match ExitEvents::shared() {
+            Ok(exits) => Some(exits),
+            Err(reason) => {
+                tracing::info!(backend = %flavor, %reason,
+                    "warm containers learn of their jobs' ends from the daemon (slower)");
+                None
+            }
+        },
+        // Its first process is gVisor's sandbox, and a host FIFO does not open inside it
+        // (runsc's --host-fifo is off by default): its jobs end through the daemon.
+        Flavor::Gvisor => None,
+    };
     let containers = WarmContainers {
         backend,
         template,
         argv,
         hierarchy,
+        exits,
+        kernel_ends: AtomicU64::new(0),
+        engine_ends: AtomicU64::new(0),
     };
     Ok(WarmPool::start(Arc::new(containers), config))
 }
@@ -89,6 +111,13 @@ pub struct WarmContainers {
     /// reads its job from descriptor 0.
     argv: Vec<String>,
     hierarchy: Hierarchy,
+    /// The kernel's process events, when this host gives them to airlock and the engine
+    /// runs the container's first process on the host (docs/docker.md, "How a warm
+    /// container's job ends"): its jobs' ends come from there, not from the daemon.
+    exits: Option<Arc<ExitEvents>>,
+    /// Delivered jobs whose end the kernel told, and the daemon told.
+    kernel_ends: AtomicU64,
+    engine_ends: AtomicU64,
 }
 
 impl std::fmt::Debug for WarmContainers {
@@ -112,6 +141,45 @@ pub struct WaitingContainer {
     /// Set once the daemon reports the container stopped.
     exited: Arc<AtomicBool>,
     _watch: AbortOnDrop,
+    /// Its first process and its output FIFOs, when its job's end comes from the kernel.
+    reported: Option<WaitingReport>,
+}
+
+/// A waiting container's side of [`ReportedEnd`]: the watch starts at delivery.
+struct WaitingReport {
+    /// Its first process's host pid, and a pidfd of it.
+    pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+    output: OutputFifos,
+}
+
+/// Whether the process of `pidfd` has exited (the pidfd is readable).
+fn has_exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).map_or(true, |ready| ready > 0)
+}
+
+/// A pidfd of `pid`, the first process of container `id`, checked to be that container's
+/// (its cgroup names the id) once the pidfd holds it.
+fn container_pidfd(pid: u32, id: &str) -> Result<AsyncFd<OwnedFd>, String> {
+    let raw = rustix::process::Pid::from_raw(i32::try_from(pid).map_err(|_| "bad pid")?)
+        .ok_or("pid 0")?;
+    let pidfd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
+        .map_err(|e| format!("pidfd_open: {e}"))?;
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| format!("read its cgroup: {e}"))?;
+    if !cgroup.contains(id) || has_exited(pidfd.as_fd()) {
+        return Err(format!("process {pid} is no longer container {id}'s"));
+    }
+    airlock_sys::process::async_owned_fd(pidfd, tokio::io::Interest::READABLE)
+        .map_err(|e| format!("register the pidfd: {e}"))
 }
 
 impl WarmContainers {
@@ -128,12 +196,17 @@ impl WarmContainers {
         )
         .map_err(DockerError::JobDir)?;
         let empty_file = backend.create_empty_file(&sandbox)?;
+        let output = match self.exits {
+            Some(_) => Some(jobdir.create_output_fifos().map_err(DockerError::JobDir)?),
+            None => None,
+        };
         let files = ContainerFiles {
             image: &image,
             empty_file: &empty_file,
             // A warm container has no network, so no proxy and no CA bundle of its own.
             trust_bundle: None,
             out: None,
+            output_fifos: output.as_ref().map(|o| o.dir.as_path()),
         };
         let (leftovers, started) = backend
             .start_container(
@@ -177,6 +250,20 @@ impl WarmContainers {
                 exited.store(true, Ordering::SeqCst);
             }))
         };
+        let reported = match (output, started.pid, leftovers.created_id.as_deref()) {
+            (Some(output), Some(pid), Some(id)) => match container_pidfd(pid, id) {
+                Ok(pidfd) => Some(WaitingReport { pid, pidfd, output }),
+                Err(reason) => {
+                    let _ = leftovers.remove(None).await;
+                    tracing::debug!(container = %spec::container_name(&sandbox), %reason, "warm container lost as it started");
+                    return Err(DockerError::WarmStart {
+                        container: spec::container_name(&sandbox),
+                        reason: "stopped as soon as it started",
+                    });
+                }
+            },
+            _ => None,
+        };
         Ok(WaitingContainer {
             sandbox,
             started,
@@ -184,6 +271,7 @@ impl WarmContainers {
             leftovers,
             exited,
             _watch: watch,
+            reported,
         })
     }
 
@@ -200,8 +288,28 @@ impl WarmContainers {
             started,
             image,
             leftovers,
+            reported,
             ..
         } = warm;
+        // Watched from before its job can run: its exit cannot come earlier.
+        let reported = match (reported, &self.exits) {
+            (Some(WaitingReport { pid, pidfd, output }), Some(exits)) => {
+                let watch = exits.watch(pid);
+                if has_exited(pidfd.get_ref().as_fd()) {
+                    let _ = leftovers.remove(None).await;
+                    return Err(DockerError::WarmStart {
+                        container: spec::container_name(&sandbox),
+                        reason: "stopped before its job came",
+                    });
+                }
+                Some(ReportedEnd {
+                    pidfd,
+                    watch,
+                    output,
+                })
+            }
+            _ => None,
+        };
         // The job's files, written where the container sees its /work. Blocking work, off
         // the async threads.
         let job_files = job.clone();
@@ -219,7 +327,11 @@ impl WarmContainers {
             // The task's panic dropped the leftovers: their guard removed the container.
             Err(e) => return Err(DockerError::Task(format!("deliver task: {e}"))),
         };
-        let mut stdin = python::control_message(&self.template, job, self.stdin_mode(job));
+        let output = match reported {
+            Some(_) => WarmOutput::Fifos,
+            None => WarmOutput::Inherited,
+        };
+        let mut stdin = python::control_message(&self.template, job, self.stdin_mode(job), output);
         if let Some(bytes) = &job.stdin {
             stdin.extend_from_slice(bytes);
         }
@@ -232,10 +344,39 @@ impl WarmContainers {
         };
         tracing::debug!(job_id = %job.id, sandbox = %sandbox, "job delivered to a warm container");
         let started = started.delivered(delivered_at.elapsed());
-        let ran = self
-            .backend
-            .supervise_started(job, tap, ready, &image, &leftovers.name, started, stdin)
-            .await;
+        let ran = match reported {
+            Some(reported) => self
+                .backend
+                .supervise_reported(
+                    job,
+                    tap,
+                    ready,
+                    &image,
+                    &leftovers.name,
+                    started,
+                    stdin,
+                    reported,
+                )
+                .await
+                .map(|(report, source)| {
+                    match source {
+                        EndSource::Kernel => &self.kernel_ends,
+                        EndSource::Engine => &self.engine_ends,
+                    }
+                    .fetch_add(1, Ordering::Relaxed);
+                    report
+                }),
+            None => {
+                let ran = self
+                    .backend
+                    .supervise_started(job, tap, ready, &image, &leftovers.name, started, stdin)
+                    .await;
+                if ran.is_ok() {
+                    self.engine_ends.fetch_add(1, Ordering::Relaxed);
+                }
+                ran
+            }
+        };
         match ran {
             Ok(report) => Ok((report, leftovers.teardown(job.id.to_string()))),
             Err(e) => {
@@ -314,6 +455,15 @@ impl WarmSandboxes for WarmContainers {
 
     fn is_alive(&self, warm: &mut WaitingContainer) -> bool {
         !warm.exited.load(Ordering::SeqCst)
+            && warm
+                .reported
+                .as_ref()
+                .is_none_or(|r| !has_exited(r.pidfd.get_ref().as_fd()))
+    }
+
+    fn add_stats(&self, stats: &mut WarmPoolStats) {
+        stats.container_ends_from_kernel = self.kernel_ends.load(Ordering::Relaxed);
+        stats.container_ends_from_engine = self.engine_ends.load(Ordering::Relaxed);
     }
 
     fn raise_priority(&self, warm: &WaitingContainer) -> Result<(), String> {

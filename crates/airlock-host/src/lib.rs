@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod exits;
 pub mod ids;
 pub mod jobdir;
 pub mod out;

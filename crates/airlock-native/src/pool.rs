@@ -524,7 +524,8 @@ impl NativeWarm {
             Some(_) => WarmStdin::Keep,
             None => WarmStdin::DevNullReadOnly,
         };
-        let message = python::control_message(&self.template, job, stdin);
+        let message =
+            python::control_message(&self.template, job, stdin, python::WarmOutput::Inherited);
         let setup = delivered_at.elapsed();
         tracing::debug!(job_id = %job.id, sandbox = %name, forked = zygote.is_some(),
             sandbox_cpu_us = cpu_before.as_micros() as u64,

@@ -63,6 +63,7 @@ pub struct Metrics {
     warm_jobs: Family<WarmLabels, Counter>,
     warm_sandboxes: Family<WarmLabels, Counter>,
     warm_zygote: Family<WarmLabels, Counter>,
+    warm_container_ends: Family<WarmLabels, Counter>,
     /// The pool figures last copied into the counters.
     warm_seen: std::sync::Mutex<WarmPoolStats>,
     audit_writable: Gauge<i64, AtomicI64>,
@@ -165,6 +166,7 @@ impl Metrics {
         let warm_jobs = Family::<WarmLabels, Counter>::default();
         let warm_sandboxes = Family::<WarmLabels, Counter>::default();
         let warm_zygote = Family::<WarmLabels, Counter>::default();
+        let warm_container_ends = Family::<WarmLabels, Counter>::default();
         registry.register(
             "warm_pool_ready",
             "Warm sandboxes or containers started and waiting for a job ([native] warm_pool, [docker] warm_pool, gvisor_warm_pool, podman_warm_pool)",
@@ -185,12 +187,18 @@ impl Metrics {
             "The warm pool's zygotes ([native] zygote): hit (a job ran in a forked sandbox), forked, fork_failed (filled from scratch instead), started, failed (to start), lost (died or unusable while serving)",
             warm_zygote.clone(),
         );
+        registry.register(
+            "warm_pool_container_ends",
+            "Warm container jobs by where their end was learned: kernel (the first process's pidfd and the kernel's process events, without waiting for the engine), engine (the engine's wait: gVisor, no process events on this host, or a status the events cannot tell)",
+            warm_container_ends.clone(),
+        );
         Self {
             registry,
             warm_ready,
             warm_jobs,
             warm_sandboxes,
             warm_zygote,
+            warm_container_ends,
             warm_seen: std::sync::Mutex::new(WarmPoolStats::default()),
             audit_writable,
             audit_unsettled,
@@ -330,10 +338,23 @@ impl Metrics {
             ("failed", now.zygotes_failed, seen.zygotes_failed),
             ("lost", now.zygotes_lost, seen.zygotes_lost),
         ];
+        let container_ends = [
+            (
+                "kernel",
+                now.container_ends_from_kernel,
+                seen.container_ends_from_kernel,
+            ),
+            (
+                "engine",
+                now.container_ends_from_engine,
+                seen.container_ends_from_engine,
+            ),
+        ];
         for (family, counts) in [
             (&self.warm_jobs, &jobs[..]),
             (&self.warm_sandboxes, &sandboxes[..]),
             (&self.warm_zygote, &zygote[..]),
+            (&self.warm_container_ends, &container_ends[..]),
         ] {
             for (result, now, before) in counts {
                 family

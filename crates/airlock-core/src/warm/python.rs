@@ -11,13 +11,15 @@ use crate::policy::{FilesystemPolicy, NetworkMode, WorkdirMode};
 /// a sandbox started from scratch ([`warm_argv`]) and of a native zygote's children.
 ///
 /// It reads one framed message ([`control_message`]): 16 hex digits giving the length of
-/// the rest, then the stdin mode byte, then the job's `argv` (script path first,
-/// NUL-separated). It reads exactly that much, so what follows on the same descriptor (a
+/// the rest, then the stdin mode byte, then the output byte, then the job's `argv` (script
+/// path first, NUL-separated). It reads exactly that much, so what follows on the same descriptor (a
 /// container's stdin, which carries the message) is left for the job; end-of-file before
 /// a whole message (the pool shutting down) exits 0 quietly. A descriptor other than 0 is
 /// closed; with mode `r` or `w` descriptor 0 is replaced by `/dev/null` opened read-only
-/// or read-write, which is what a fresh sandbox or container without stdin has there. It
-/// then makes `__main__` look as it does for a script (its namespace emptied but for
+/// or read-write, which is what a fresh sandbox or container without stdin has there. With
+/// output byte `o`, descriptors 1 and 2 become the FIFOs `stdout` and `stderr` of
+/// [`WARM_OUTPUT_DIR`] (a warm container whose output the host reads itself, not through
+/// its engine: docs/docker.md); with `-` they stay. It then makes `__main__` look as it does for a script (its namespace emptied but for
 /// `__builtins__`) and runs the script there. An uncaught exception is printed without the
 /// bootstrap's own frame and exits 1, as for a script; `SystemExit` passes through.
 /// Everything it names is local, so nothing of it is left in `__main__`. A zygote's child
@@ -33,7 +35,22 @@ pub const PYTHON_PRELOAD: &str = include_str!("preload.py");
 
 /// [`PYTHON_RUN_JOB`] reading its job from `control_fd`.
 pub fn run_job_program(control_fd: i32) -> String {
-    PYTHON_RUN_JOB.replace("{CONTROL_FD}", &control_fd.to_string())
+    PYTHON_RUN_JOB
+        .replace("{CONTROL_FD}", &control_fd.to_string())
+        .replace("{OUTPUT_DIR}", WARM_OUTPUT_DIR)
+}
+
+/// Where a warm sandbox finds the FIFOs its job's stdout and stderr go to when its message
+/// says so ([`WarmOutput::Fifos`]): a directory the host binds in, read-only.
+pub const WARM_OUTPUT_DIR: &str = "/dev/airlock";
+
+/// Where a delivered job's stdout and stderr go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmOutput {
+    /// Where the warm sandbox's own descriptors 1 and 2 go.
+    Inherited,
+    /// The FIFOs `stdout` and `stderr` of [`WARM_OUTPUT_DIR`].
+    Fifos,
 }
 
 /// `preload` as a Python list literal. The names are checked identifiers ([native]
@@ -185,15 +202,26 @@ fn same_sandbox(template: &JobSpec, job: &JobSpec, filesystem: &FilesystemPolicy
 }
 
 /// The message that delivers `job` to a warm sandbox built for `template`: the length
-/// prefix, the stdin mode, then the script path and the job's arguments, NUL-separated
-/// (the bootstrap's `sys.argv`).
-pub fn control_message(template: &JobSpec, job: &JobSpec, stdin: WarmStdin) -> Vec<u8> {
+/// prefix, the stdin mode, the output, then the script path and the job's arguments,
+/// NUL-separated (the bootstrap's `sys.argv`).
+pub fn control_message(
+    template: &JobSpec,
+    job: &JobSpec,
+    stdin: WarmStdin,
+    output: WarmOutput,
+) -> Vec<u8> {
     let flags = template.argv.len().saturating_sub(1);
-    let mut body = vec![match stdin {
-        WarmStdin::Keep => b'k',
-        WarmStdin::DevNullReadOnly => b'r',
-        WarmStdin::DevNullReadWrite => b'w',
-    }];
+    let mut body = vec![
+        match stdin {
+            WarmStdin::Keep => b'k',
+            WarmStdin::DevNullReadOnly => b'r',
+            WarmStdin::DevNullReadWrite => b'w',
+        },
+        match output {
+            WarmOutput::Inherited => b'-',
+            WarmOutput::Fifos => b'o',
+        },
+    ];
     body.extend_from_slice(job.argv[flags..].join("\0").as_bytes());
     let mut message = format!("{:0width$x}", body.len(), width = LENGTH_DIGITS).into_bytes();
     message.extend_from_slice(&body);
@@ -219,13 +247,18 @@ mod tests {
     #[test]
     fn the_message_is_framed_and_carries_the_script_and_its_arguments() {
         let template = job(&[]);
-        let message = control_message(&template, &job(&["a b", "ü"]), WarmStdin::DevNullReadWrite);
+        let message = control_message(
+            &template,
+            &job(&["a b", "ü"]),
+            WarmStdin::DevNullReadWrite,
+            WarmOutput::Inherited,
+        );
         let (length, body) = message.split_at(LENGTH_DIGITS);
         let length = usize::from_str_radix(std::str::from_utf8(length).unwrap(), 16).unwrap();
         assert_eq!(length, body.len());
-        assert_eq!(body, "w/work/.airlock-main.py\0a b\0ü".as_bytes());
-        let kept = control_message(&template, &template, WarmStdin::Keep);
-        assert_eq!(&kept[LENGTH_DIGITS..], b"k/work/.airlock-main.py");
+        assert_eq!(body, "w-/work/.airlock-main.py\0a b\0ü".as_bytes());
+        let kept = control_message(&template, &template, WarmStdin::Keep, WarmOutput::Fifos);
+        assert_eq!(&kept[LENGTH_DIGITS..], b"ko/work/.airlock-main.py");
     }
 
     #[test]
@@ -240,6 +273,8 @@ mod tests {
         let program = &argv[argv.len() - 1];
         assert!(program.contains("os.read(6, "), "{program}");
         assert!(!program.contains("{CONTROL_FD}"));
+        assert!(!program.contains("{OUTPUT_DIR}"));
+        assert!(program.contains("\"/dev/airlock/\""), "{program}");
         let preloaded = warm_argv(&template, &["numpy".into()], 0).unwrap();
         let program = preloaded.last().unwrap();
         assert!(program.starts_with("def _airlock_preload"), "{program}");

@@ -21,7 +21,13 @@ def _airlock_run(forked=False):
         null = os.open(os.devnull, os.O_RDONLY if message[:1] == b"r" else os.O_RDWR)
         os.dup2(null, 0)
         os.close(null)
-    argv = [os.fsdecode(a) for a in message[1:].split(b"\0")]
+    if message[1:2] == b"o":
+        # The host reads these itself (a warm container's output, not its engine's).
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            fifo = os.open("{OUTPUT_DIR}/" + name, os.O_WRONLY)
+            os.dup2(fifo, fd)
+            os.close(fifo)
+    argv = [os.fsdecode(a) for a in message[2:].split(b"\0")]
     path = argv[0]
     # As for a script: unless the flags close it (-P, -I), the script's directory is
     # sys.path[0] where `-c` put the working directory.
