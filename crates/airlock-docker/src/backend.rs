@@ -243,7 +243,6 @@ impl DockerBackend {
             empty_file: &empty_file,
             trust_bundle: trust_bundle.as_deref(),
             out: out.as_ref(),
-            output_fifos: None,
         };
         let (leftovers, started) = self
             .start_container(job, ready, &files, jobdir, job.id.as_str(), None)

@@ -246,13 +246,21 @@ pub enum DockerError {
         /// What happened to it.
         reason: &'static str,
     },
-    /// The host's ends of a warm container's output FIFOs could not be read.
-    #[error("read the output FIFOs of warm container {container}")]
-    OutputFifos {
+    /// The host's ends of a warm container job's output pipes could not be read.
+    #[error("read the output pipes of warm container {container}")]
+    OutputPipes {
         /// The container.
         container: String,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// A warm container did not take its job's output pipes.
+    #[error("hand warm container {container} its output pipes: {reason}")]
+    OutputHandoff {
+        /// The container.
+        container: String,
+        /// Why.
+        reason: String,
     },
     /// A task of the backend failed.
     #[error("{0}")]
@@ -290,7 +298,8 @@ impl DockerError {
             | DockerError::TcpGroup { .. }
             | DockerError::TcpGroupNotUsed { .. }
             | DockerError::WarmStart { .. }
-            | DockerError::OutputFifos { .. }
+            | DockerError::OutputPipes { .. }
+            | DockerError::OutputHandoff { .. }
             | DockerError::Proxy { .. } => ErrorKind::Internal,
         }
     }

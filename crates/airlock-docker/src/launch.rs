@@ -231,7 +231,6 @@ impl DockerBackend {
                 cgroup_parent: cgroup_parent.as_deref(),
                 sandbox,
                 warm_argv,
-                output_fifos: files.output_fifos,
             },
         );
         let has_stdin = body.open_stdin == Some(true);
@@ -348,8 +347,6 @@ pub(crate) struct ContainerFiles<'a> {
     pub(crate) empty_file: &'a std::path::Path,
     pub(crate) trust_bundle: Option<&'a std::path::Path>,
     pub(crate) out: Option<&'a OutMount>,
-    /// A warm container's output FIFOs' directory ([`ContainerPlan::output_fifos`]).
-    pub(crate) output_fifos: Option<&'a std::path::Path>,
 }
 
 /// A container that has started, attached before its start.

@@ -15,6 +15,7 @@ pub mod backend;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+mod handoff;
 pub mod host_checks;
 pub mod image;
 pub mod launch;

@@ -106,10 +106,6 @@ pub struct ContainerPlan<'a> {
     /// and flags running the bootstrap, `airlock_core::warm::python`), run in place of the
     /// job's argv. Everything else is the cold container's.
     pub warm_argv: Option<&'a [String]>,
-    /// A warm container whose job's output the host reads itself: the host directory of
-    /// its output FIFOs, bound read-only at
-    /// [`airlock_core::warm::python::WARM_OUTPUT_DIR`].
-    pub output_fifos: Option<&'a Path>,
 }
 
 /// The labels of a sandbox's container (`sandbox`: the job id, or the warm container's
@@ -197,13 +193,6 @@ pub fn container_body(job: &JobSpec, plan: &ContainerPlan<'_>) -> ContainerCreat
     )];
     if let Some(out) = plan.out_dir {
         binds.push(format!("{}:{OUT_DIR}:rw", out.display()));
-    }
-    if let Some(fifos) = plan.output_fifos {
-        binds.push(format!(
-            "{}:{}:ro",
-            fifos.display(),
-            airlock_core::warm::python::WARM_OUTPUT_DIR
-        ));
     }
     if let Some(bundle) = plan.trust_bundle {
         binds.push(format!(
@@ -360,7 +349,6 @@ mod tests {
             cgroup_parent: None,
             sandbox: "job-1",
             warm_argv: None,
-            output_fifos: None,
         }
     }
 

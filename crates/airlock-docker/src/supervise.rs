@@ -12,7 +12,8 @@ use airlock_core::supervise::{
 };
 use airlock_core::{JobSpec, LimitHit, OutputTap, RunReport, StreamKind, Termination};
 use airlock_host::exits::{ExitWatch, ProcessEnd, WaitStatus};
-use airlock_host::jobdir::OutputFifos;
+
+use crate::handoff::OutputHandoff;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::query_parameters::WaitContainerOptions;
@@ -182,7 +183,7 @@ impl DockerBackend {
 
     /// Runs a warm container's delivered job to its end as [`DockerBackend::supervise_started`]
     /// does, but learns of its end without the daemon (docs/docker.md, "How a warm
-    /// container's job ends"): its output from the FIFOs its job writes to, its end from
+    /// container's job ends"): its output from pipes handed to its job, its end from
     /// a pidfd of its first process (readable once every process of its pid namespace is
     /// gone), its exit status from the kernel's process events. When the events cannot
     /// tell the status, it is the daemon's, waited for as before.
@@ -214,14 +215,22 @@ impl DockerBackend {
             let _ = input.shutdown().await;
         }));
         let ReportedEnd {
+            pid,
             pidfd,
             watch,
-            output,
+            handoff,
         } = reported;
-        let [stdout, stderr] = output.readers;
+        let [stdout, stderr] =
+            handoff
+                .complete(pid)
+                .await
+                .map_err(|reason| DockerError::OutputHandoff {
+                    container: name.to_owned(),
+                    reason,
+                })?;
         let receiver = |fd| {
             tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(|source| {
-                DockerError::OutputFifos {
+                DockerError::OutputPipes {
                     container: name.to_owned(),
                     source,
                 }
@@ -231,7 +240,6 @@ impl DockerBackend {
         let sandbox = ReportedSandbox {
             pidfd,
             watch: &watch,
-            writers: Some(output.writers),
             docker,
             name,
         };
@@ -341,15 +349,17 @@ fn killed_by_the_kernel(termination: Termination, limit_hit: Option<LimitHit>) -
 }
 
 /// What tells a warm container's end without the daemon: a pidfd of its first process,
-/// that process watched in the kernel's process events, and the FIFOs its job's output
-/// goes to.
+/// that process watched in the kernel's process events, and the pipes its job's output
+/// goes to, handed over once the message is sent.
 pub(crate) struct ReportedEnd {
-    /// The container's first process (the job's pid 1), opened while it waited.
+    /// The container's first process (the job's pid 1): its host pid, and a pidfd opened
+    /// while it waited.
+    pub(crate) pid: u32,
     pub(crate) pidfd: tokio::io::unix::AsyncFd<OwnedFd>,
     /// Its exit, watched since before its job was delivered.
     pub(crate) watch: ExitWatch,
-    /// Where its job's stdout and stderr go.
-    pub(crate) output: OutputFifos,
+    /// The pipes for its job's stdout and stderr, and the socket they go over.
+    pub(crate) handoff: OutputHandoff,
 }
 
 /// Where a warm container job's end was learned.
@@ -368,9 +378,6 @@ pub enum EndSource {
 struct ReportedSandbox<'a> {
     pidfd: tokio::io::unix::AsyncFd<OwnedFd>,
     watch: &'a ExitWatch,
-    /// The host's write ends of the output FIFOs, dropped at the end so that the output
-    /// ends once drained.
-    writers: Option<[OwnedFd; 2]>,
     docker: &'a Docker,
     name: &'a str,
 }
@@ -386,7 +393,6 @@ impl Sandbox for ReportedSandbox<'_> {
     async fn wait(&mut self) -> Result<ProcessEnd, DockerError> {
         // Cancel-safe: readiness is kept (never cleared), so a second call passes at once.
         let _ = self.pidfd.readable().await;
-        self.writers = None;
         Ok(tokio::time::timeout(EXIT_EVENT_GRACE, self.watch.ended())
             .await
             .unwrap_or(ProcessEnd::Unknown("its exit event did not come")))

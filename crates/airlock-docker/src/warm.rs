@@ -32,13 +32,14 @@ use airlock_core::{
     WarmPoolStats,
 };
 use airlock_host::exits::ExitEvents;
-use airlock_host::jobdir::{JobDir, OutputFifos, WorkBacking};
+use airlock_host::jobdir::{JobDir, WorkBacking};
 use bollard::query_parameters::WaitContainerOptions;
 use tokio::io::unix::AsyncFd;
 
 use crate::Flavor;
 use crate::backend::{AbortOnDrop, DockerBackend, JOB_IDS, next};
 use crate::error::DockerError;
+use crate::handoff::OutputHandoff;
 use crate::image::CheckedImage;
 use crate::launch::{ContainerFiles, Started};
 use crate::spec;
@@ -141,16 +142,16 @@ pub struct WaitingContainer {
     /// Set once the daemon reports the container stopped.
     exited: Arc<AtomicBool>,
     _watch: AbortOnDrop,
-    /// Its first process and its output FIFOs, when its job's end comes from the kernel.
+    /// Its first process, when its job's end comes from the kernel.
     reported: Option<WaitingReport>,
 }
 
-/// A waiting container's side of [`ReportedEnd`]: the watch starts at delivery.
+/// A waiting container's side of [`ReportedEnd`]: the watch and the output's handoff
+/// start at delivery.
 struct WaitingReport {
     /// Its first process's host pid, and a pidfd of it.
     pid: u32,
     pidfd: AsyncFd<OwnedFd>,
-    output: OutputFifos,
 }
 
 /// Whether the process of `pidfd` has exited (the pidfd is readable).
@@ -196,17 +197,12 @@ impl WarmContainers {
         )
         .map_err(DockerError::JobDir)?;
         let empty_file = backend.create_empty_file(&sandbox)?;
-        let output = match self.exits {
-            Some(_) => Some(jobdir.create_output_fifos().map_err(DockerError::JobDir)?),
-            None => None,
-        };
         let files = ContainerFiles {
             image: &image,
             empty_file: &empty_file,
             // A warm container has no network, so no proxy and no CA bundle of its own.
             trust_bundle: None,
             out: None,
-            output_fifos: output.as_ref().map(|o| o.dir.as_path()),
         };
         let (leftovers, started) = backend
             .start_container(
@@ -250,9 +246,9 @@ impl WarmContainers {
                 exited.store(true, Ordering::SeqCst);
             }))
         };
-        let reported = match (output, started.pid, leftovers.created_id.as_deref()) {
-            (Some(output), Some(pid), Some(id)) => match container_pidfd(pid, id) {
-                Ok(pidfd) => Some(WaitingReport { pid, pidfd, output }),
+        let reported = match (&self.exits, started.pid, leftovers.created_id.as_deref()) {
+            (Some(_), Some(pid), Some(id)) => match container_pidfd(pid, id) {
+                Ok(pidfd) => Some(WaitingReport { pid, pidfd }),
                 Err(reason) => {
                     let _ = leftovers.remove(None).await;
                     tracing::debug!(container = %spec::container_name(&sandbox), %reason, "warm container lost as it started");
@@ -292,8 +288,8 @@ impl WarmContainers {
             ..
         } = warm;
         // Watched from before its job can run: its exit cannot come earlier.
-        let reported = match (reported, &self.exits) {
-            (Some(WaitingReport { pid, pidfd, output }), Some(exits)) => {
+        let watched = match (reported, &self.exits) {
+            (Some(WaitingReport { pid, pidfd }), Some(exits)) => {
                 let watch = exits.watch(pid);
                 if has_exited(pidfd.get_ref().as_fd()) {
                     let _ = leftovers.remove(None).await;
@@ -302,11 +298,7 @@ impl WarmContainers {
                         reason: "stopped before its job came",
                     });
                 }
-                Some(ReportedEnd {
-                    pidfd,
-                    watch,
-                    output,
-                })
+                Some((pid, pidfd, watch))
             }
             _ => None,
         };
@@ -327,8 +319,25 @@ impl WarmContainers {
             // The task's panic dropped the leftovers: their guard removed the container.
             Err(e) => return Err(DockerError::Task(format!("deliver task: {e}"))),
         };
+        // After the job's files, whose names cannot be the socket's (it has the reserved
+        // prefix).
+        let reported = watched.and_then(|(pid, pidfd, watch)| {
+            match OutputHandoff::listen(&leftovers.jobdir.work()) {
+                Ok(handoff) => Some(ReportedEnd {
+                    pid,
+                    pidfd,
+                    watch,
+                    handoff,
+                }),
+                Err(e) => {
+                    tracing::warn!(sandbox = %sandbox, error = %e,
+                        "cannot listen for the output handoff; this job's output and end come through the daemon");
+                    None
+                }
+            }
+        });
         let output = match reported {
-            Some(_) => WarmOutput::Fifos,
+            Some(_) => WarmOutput::Handed,
             None => WarmOutput::Inherited,
         };
         let mut stdin = python::control_message(&self.template, job, self.stdin_mode(job), output);

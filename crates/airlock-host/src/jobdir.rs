@@ -154,24 +154,6 @@ pub struct SweepLock {
 
 /// The job's CA bundle's file name in its job directory.
 pub const TRUST_BUNDLE_FILE: &str = "trust-bundle.pem";
-/// The directory of a sandbox's output FIFOs in its job directory
-/// ([`JobDir::create_output_fifos`]).
-pub const OUTPUT_FIFO_DIR: &str = "output";
-
-/// The FIFOs a warm container's job writes its stdout and stderr to, made in its job
-/// directory, and the host's ends of them.
-#[derive(Debug)]
-pub struct OutputFifos {
-    /// The directory holding `stdout` and `stderr`: bound read-only into the sandbox (a
-    /// FIFO opens for writing on a read-only mount; nothing can be made or removed there).
-    pub dir: PathBuf,
-    /// The host's read ends, non-blocking: stdout's, then stderr's.
-    pub readers: [OwnedFd; 2],
-    /// The host's write ends, never written: held until the sandbox has ended, so that
-    /// reading before the job has opened its own ends never sees an end of file, and
-    /// dropped then, so that it sees one once what is left is read.
-    pub writers: [OwnedFd; 2],
-}
 
 /// A job directory without a lock file younger than this may still be under construction.
 pub const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -433,54 +415,6 @@ impl JobDir {
         // The umask must not narrow it: the job's uid reads it.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(write_err)?;
         Ok(path)
-    }
-
-    /// Makes [`OUTPUT_FIFO_DIR`] with the FIFOs `stdout` and `stderr` in it, writable by
-    /// anyone who can reach them (the sandbox, through its bind; on the host the job
-    /// directory's mode 0700 keeps everyone else out), and opens the host's ends.
-    pub fn create_output_fifos(&self) -> Result<OutputFifos, HostError> {
-        let dir = self.path.join(OUTPUT_FIFO_DIR);
-        let create_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source: io::Error| HostError::CreateJobDir { path, source }
-        };
-        fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&dir)
-            .map_err(create_err(&dir))?;
-        let fifo = |name: &str| -> Result<(OwnedFd, OwnedFd), HostError> {
-            let path = dir.join(name);
-            rustix::fs::mknodat(
-                rustix::fs::CWD,
-                &path,
-                rustix::fs::FileType::Fifo,
-                rustix::fs::Mode::from_raw_mode(0o600),
-                0,
-            )
-            .map_err(|e| create_err(&path)(e.into()))?;
-            // Not through the umask: the job's uid writes it.
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o666))
-                .map_err(create_err(&path))?;
-            let open = |write: bool| {
-                fs::OpenOptions::new()
-                    .read(!write)
-                    .write(write)
-                    .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map(OwnedFd::from)
-                    .map_err(create_err(&path))
-            };
-            // The read end first: a non-blocking write end opens only once one exists.
-            let reader = open(false)?;
-            Ok((reader, open(true)?))
-        };
-        let (stdout_read, stdout_write) = fifo("stdout")?;
-        let (stderr_read, stderr_write) = fifo("stderr")?;
-        Ok(OutputFifos {
-            dir,
-            readers: [stdout_read, stderr_read],
-            writers: [stdout_write, stderr_write],
-        })
     }
 
     /// The directory bound at `/work` when it is a [`WorkBacking::Directory`] (also the

@@ -17,9 +17,9 @@ use crate::policy::{FilesystemPolicy, NetworkMode, WorkdirMode};
 /// a whole message (the pool shutting down) exits 0 quietly. A descriptor other than 0 is
 /// closed; with mode `r` or `w` descriptor 0 is replaced by `/dev/null` opened read-only
 /// or read-write, which is what a fresh sandbox or container without stdin has there. With
-/// output byte `o`, descriptors 1 and 2 become the FIFOs `stdout` and `stderr` of
-/// [`WARM_OUTPUT_DIR`] (a warm container whose output the host reads itself, not through
-/// its engine: docs/docker.md); with `-` they stay. It then makes `__main__` look as it does for a script (its namespace emptied but for
+/// output byte `o`, descriptors 1 and 2 become the write ends of two pipes the host hands
+/// over on the socket [`WARM_OUTPUT_SOCKET`] (a warm container whose output the host reads
+/// itself, not through its engine: docs/docker.md); with `-` they stay. It then makes `__main__` look as it does for a script (its namespace emptied but for
 /// `__builtins__`) and runs the script there. An uncaught exception is printed without the
 /// bootstrap's own frame and exits 1, as for a script; `SystemExit` passes through.
 /// Everything it names is local, so nothing of it is left in `__main__`. A zygote's child
@@ -37,20 +37,25 @@ pub const PYTHON_PRELOAD: &str = include_str!("preload.py");
 pub fn run_job_program(control_fd: i32) -> String {
     PYTHON_RUN_JOB
         .replace("{CONTROL_FD}", &control_fd.to_string())
-        .replace("{OUTPUT_DIR}", WARM_OUTPUT_DIR)
+        .replace("{OUTPUT_SOCKET}", WARM_OUTPUT_SOCKET)
 }
 
-/// Where a warm sandbox finds the FIFOs its job's stdout and stderr go to when its message
-/// says so ([`WarmOutput::Fifos`]): a directory the host binds in, read-only.
-pub const WARM_OUTPUT_DIR: &str = "/dev/airlock";
+/// The name, in `/work`, of the Unix socket on which the host hands a warm sandbox the
+/// pipes its job's stdout and stderr go to when its message says so
+/// ([`WarmOutput::Handed`]). The host listens there only until the sandbox has connected,
+/// and removes it before it hands the pipes over, so the job never sees it.
+pub const WARM_OUTPUT_SOCKET_NAME: &str = ".airlock-output.sock";
+/// [`WARM_OUTPUT_SOCKET_NAME`] as the sandbox sees it.
+pub const WARM_OUTPUT_SOCKET: &str = "/work/.airlock-output.sock";
 
 /// Where a delivered job's stdout and stderr go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WarmOutput {
     /// Where the warm sandbox's own descriptors 1 and 2 go.
     Inherited,
-    /// The FIFOs `stdout` and `stderr` of [`WARM_OUTPUT_DIR`].
-    Fifos,
+    /// The write ends of two pipes the host hands over on [`WARM_OUTPUT_SOCKET`]: stdout's,
+    /// then stderr's.
+    Handed,
 }
 
 /// `preload` as a Python list literal. The names are checked identifiers ([native]
@@ -219,7 +224,7 @@ pub fn control_message(
         },
         match output {
             WarmOutput::Inherited => b'-',
-            WarmOutput::Fifos => b'o',
+            WarmOutput::Handed => b'o',
         },
     ];
     body.extend_from_slice(job.argv[flags..].join("\0").as_bytes());
@@ -257,7 +262,7 @@ mod tests {
         let length = usize::from_str_radix(std::str::from_utf8(length).unwrap(), 16).unwrap();
         assert_eq!(length, body.len());
         assert_eq!(body, "w-/work/.airlock-main.py\0a b\0ü".as_bytes());
-        let kept = control_message(&template, &template, WarmStdin::Keep, WarmOutput::Fifos);
+        let kept = control_message(&template, &template, WarmStdin::Keep, WarmOutput::Handed);
         assert_eq!(&kept[LENGTH_DIGITS..], b"ko/work/.airlock-main.py");
     }
 
@@ -273,8 +278,16 @@ mod tests {
         let program = &argv[argv.len() - 1];
         assert!(program.contains("os.read(6, "), "{program}");
         assert!(!program.contains("{CONTROL_FD}"));
-        assert!(!program.contains("{OUTPUT_DIR}"));
-        assert!(program.contains("\"/dev/airlock/\""), "{program}");
+        assert!(!program.contains("{OUTPUT_SOCKET}"));
+        assert!(
+            program.contains("\"/work/.airlock-output.sock\""),
+            "{program}"
+        );
+        assert_eq!(
+            WARM_OUTPUT_SOCKET,
+            format!("{WORKDIR}/{WARM_OUTPUT_SOCKET_NAME}")
+        );
+        assert!(WARM_OUTPUT_SOCKET_NAME.starts_with(crate::job::RESERVED_PREFIX));
         let preloaded = warm_argv(&template, &["numpy".into()], 0).unwrap();
         let program = preloaded.last().unwrap();
         assert!(program.starts_with("def _airlock_preload"), "{program}");

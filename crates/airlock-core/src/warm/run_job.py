@@ -22,11 +22,24 @@ def _airlock_run(forked=False):
         os.dup2(null, 0)
         os.close(null)
     if message[1:2] == b"o":
-        # The host reads these itself (a warm container's output, not its engine's).
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            fifo = os.open("{OUTPUT_DIR}/" + name, os.O_WRONLY)
-            os.dup2(fifo, fd)
-            os.close(fifo)
+        # The host hands over the pipes it reads this job's output from itself (a warm
+        # container's, not through its engine), and removes the socket before it does.
+        had_socket = "_socket" in sys.modules
+        import _socket
+        handoff = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        handoff.connect("{OUTPUT_SOCKET}")
+        _, ancillary, _, _ = handoff.recvmsg(1, _socket.CMSG_LEN(8))
+        handoff.close()
+        pipes = [int.from_bytes(data[i:i + 4], sys.byteorder)
+                 for level, kind, data in ancillary for i in range(0, len(data) - 3, 4)]
+        if len(pipes) != 2:
+            os._exit(125)
+        for fd, pipe in zip((1, 2), pipes):
+            os.dup2(pipe, fd)
+            os.close(pipe)
+        if not had_socket:
+            del sys.modules["_socket"]
+        del had_socket, _socket, handoff, ancillary, pipes
     argv = [os.fsdecode(a) for a in message[2:].split(b"\0")]
     path = argv[0]
     # As for a script: unless the flags close it (-P, -I), the script's directory is

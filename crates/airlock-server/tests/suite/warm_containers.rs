@@ -342,6 +342,119 @@ async fn a_dead_or_idle_container_is_replaced(engine: Engine) {
     stop(warm, engine);
 }
 
+async fn container_ends(server: &Server, source: &str) -> u64 {
+    metric(
+        server,
+        &format!("airlock_warm_pool_container_ends_total{{result=\"{source}\"}}"),
+    )
+    .await
+}
+
+/// The host's processes whose command line contains `tag`.
+fn host_processes_with(tag: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(tag))
+        .collect()
+}
+
+/// On Docker and Podman a delivered job's end comes from the kernel (docs/docker.md, "How
+/// a warm container's job ends"): its first process's pidfd and the kernel's process
+/// events, not the engine's wait. The reply comes only once no process of the job is
+/// left; a job whose status its events cannot tell (it made a thread) gets the engine's,
+/// which is then the one a cold container reports, even when its leading thread exits
+/// on its own before another thread ends it with another status. gVisor's always come
+/// from the engine.
+async fn a_jobs_end_comes_from_the_kernel_and_its_status_is_the_engines(engine: Engine) {
+    let cold = engine.server(0, "");
+    let warm = engine.server(1, "");
+    let from_kernel = engine != Engine::Gvisor;
+    let ends = |kernel: u64, engine_ends: u64| {
+        if from_kernel {
+            (kernel, engine_ends)
+        } else {
+            (0, kernel + engine_ends)
+        }
+    };
+    // A background process started by the job: with the reply, it is gone.
+    let tag = format!("airlock-bg-{}", std::process::id());
+    let simple = [
+        (python("print('one')"), "exited", Some(0)),
+        (python("import sys\nsys.exit(7)"), "exited", Some(7)),
+        (
+            python(&format!(
+                "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 300; : {tag}'])\nprint('left')"
+            )),
+            "exited",
+            Some(0),
+        ),
+        (python("import os\nos.abort()"), "killed", None),
+    ];
+    for (i, (job, outcome, code)) in simple.iter().enumerate() {
+        wait_ready(&warm, 1).await;
+        let answer = post_run(&warm, None, job).await;
+        assert_eq!(answer.body["outcome"], *outcome, "{:#}", answer.body);
+        assert_eq!(
+            answer.body["exit_code"].as_i64(),
+            *code,
+            "{:#}",
+            answer.body
+        );
+        assert_eq!(
+            host_processes_with(&tag),
+            Vec::<String>::new(),
+            "a process of the job outlived its reply"
+        );
+        let expected = ends(i as u64 + 1, 0);
+        assert_eq!(
+            (
+                container_ends(&warm, "kernel").await,
+                container_ends(&warm, "engine").await
+            ),
+            expected,
+            "{}",
+            warm.log()
+        );
+    }
+    // The leading thread exits on its own (SYS_exit), another thread ends the process
+    // with status 5 a moment later: the leader's exit code (0) is not the job's.
+    let threaded = python(
+        "import ctypes, os, platform, threading, time\n\
+         threading.Thread(target=lambda: (time.sleep(0.3), os._exit(5))).start()\n\
+         ctypes.CDLL(None).syscall(93 if platform.machine() == 'aarch64' else 60, 0)\n",
+    );
+    wait_ready(&warm, 1).await;
+    let from_warm = post_run(&warm, None, &threaded).await;
+    let from_cold = post_run(&cold, None, &threaded).await;
+    assert_eq!(from_cold.body["exit_code"], 5, "{:#}", from_cold.body);
+    assert_eq!(from_warm.body["exit_code"], 5, "{:#}", from_warm.body);
+    let (kernel, engine_ends) = ends(simple.len() as u64 + 1, 0);
+    assert_eq!(
+        (
+            container_ends(&warm, "kernel").await,
+            container_ends(&warm, "engine").await
+        ),
+        if from_kernel {
+            (kernel - 1, engine_ends + 1)
+        } else {
+            (0, kernel + engine_ends)
+        },
+        "{}",
+        warm.log()
+    );
+    stop(warm, engine);
+    stop(cold, engine);
+}
+
 /// Stops a server as an operator does (SIGTERM) and checks that it removed every container
 /// it kept waiting, and their directories, before it exited. (A test that let its server
 /// be killed on drop would leave them to the next airlock's sweep.)
@@ -453,4 +566,5 @@ per_engine!(
     each_container_serves_one_job_from_its_delivery_at_normal_priority,
     a_dead_or_idle_container_is_replaced,
     shutdown_removes_every_waiting_container_and_a_killed_servers_are_swept,
+    a_jobs_end_comes_from_the_kernel_and_its_status_is_the_engines,
 );
