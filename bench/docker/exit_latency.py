@@ -6,9 +6,11 @@ For each runtime (runc, runsc) and run: a container whose program sleeps a secon
 started; this script opens a pidfd on the container's first host process (the job's pid 1
 under runc; gVisor's sandbox process under runsc, which exits with the sandbox) and, at the
 same time, asks the Engine API to wait for the container (`condition=not-running`, what
-airlock's supervision waits on). The figure is the time from the pidfd turning readable
-(the process, and with it the container's pid namespace, is gone) to the wait's answer.
-Prints the median and the spread per runtime. Standard library only; root; the daemon of
+airlock's supervision of a cold container waits on) and reads its attach stream (attached
+before the start, as airlock attaches a job's output) to its end. The figures are the times
+from the pidfd turning readable (the process, and with it the container's pid namespace,
+is gone) to the attach stream's end and to the wait's answer: both come only after the
+daemon has handled the exit. Prints the median and the spread per runtime. Standard library only; root; the daemon of
 DOCKER_HOST (else /var/run/docker.sock) and an image with python3 (its id as argument).
 
 Usage: exit_latency.py IMAGE_ID [--runs N]
@@ -51,13 +53,25 @@ def api(path, method, url, body=None):
 
 
 def one(path, image, runtime):
+    """(attach stream's end, wait's answer), each in seconds after the pidfd turned
+    readable."""
     created = api(path, "POST", "/containers/create", {
-        "Image": image, "Cmd": ["python3", "-c", "import time; time.sleep(1)"],
+        "Image": image, "Cmd": ["python3", "-c", "import time; time.sleep(1); print('x')"],
+        "AttachStdout": True, "AttachStderr": True,
         "Labels": {"airlock.bench": "exit-latency"},
-        "HostConfig": {"NetworkMode": "none", "Runtime": runtime},
+        "HostConfig": {"NetworkMode": "none", "Runtime": runtime,
+                       "LogConfig": {"Type": "none"}},
     })
     cid = created["Id"]
     try:
+        # Attached before the start, as airlock attaches a job's output.
+        attach = socket.socket(socket.AF_UNIX)
+        attach.connect(path)
+        attach.sendall(f"POST /containers/{cid}/attach?stream=1&stdout=1&stderr=1 HTTP/1.1\r\n"
+                       "Host: localhost\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += attach.recv(1)
         api(path, "POST", f"/containers/{cid}/start")
         pid = api(path, "GET", f"/containers/{cid}/json")["State"]["Pid"]
         pidfd = os.pidfd_open(pid)
@@ -65,15 +79,23 @@ def one(path, image, runtime):
 
         def wait():
             api(path, "POST", f"/containers/{cid}/wait?condition=not-running")
-            answered["at"] = time.monotonic()
+            answered["wait"] = time.monotonic()
 
-        waiter = threading.Thread(target=wait)
-        waiter.start()
+        def drain():
+            while attach.recv(65536):
+                pass
+            answered["attach"] = time.monotonic()
+
+        threads = [threading.Thread(target=wait), threading.Thread(target=drain)]
+        for thread in threads:
+            thread.start()
         select.select([pidfd], [], [])
         gone = time.monotonic()
-        waiter.join()
+        for thread in threads:
+            thread.join()
         os.close(pidfd)
-        return answered["at"] - gone
+        attach.close()
+        return answered["attach"] - gone, answered["wait"] - gone
     finally:
         api(path, "DELETE", f"/containers/{cid}?force=true")
 
@@ -85,10 +107,12 @@ def main():
     args = p.parse_args()
     path = socket_path()
     for runtime in ("runc", "runsc"):
-        times = [one(path, args.image, runtime) * 1000 for _ in range(args.runs)]
-        print(f"{runtime}: the wait answered {statistics.median(times):.1f} ms (median of "
-              f"{len(times)}; {min(times):.1f} to {max(times):.1f}) after the container's "
-              "first process was gone")
+        runs = [one(path, args.image, runtime) for _ in range(args.runs)]
+        for what, times in (("the attach stream ended", [r[0] * 1000 for r in runs]),
+                            ("the wait answered", [r[1] * 1000 for r in runs])):
+            print(f"{runtime}: {what} {statistics.median(times):.1f} ms (median of "
+                  f"{len(times)}; {min(times):.1f} to {max(times):.1f}) after the "
+                  "container's first process was gone")
 
 
 if __name__ == "__main__":
