@@ -66,8 +66,9 @@ impl DockerBackend {
             stdin_bytes.extend_from_slice(bytes);
         }
         let mut report = self
-            .supervise_started(job, tap, ready, image, name, started, stdin_bytes)
-            .await?;
+            .supervise_started(job, tap, ready, image, name, started, stdin_bytes, None)
+            .await?
+            .0;
         report.network = match proxy {
             Some(proxy) => Some(proxy.shutdown().await.into_report()),
             None => None,
@@ -77,7 +78,13 @@ impl DockerBackend {
 
     /// Runs a started container's job to its end through the supervision core, its wall
     /// time from `started.started_at`: writes `stdin_bytes` to its stdin and closes it,
-    /// reads its output, kills it at a limit, and reads how it ended.
+    /// reads its output, kills it at a limit, and reads how it ended, which the daemon
+    /// tells. With `reported` (a warm container on Docker or Podman) its output and end
+    /// come without the daemon (docs/docker.md, "How a warm container's job ends"): the
+    /// output from pipes handed to its job, the end from a pidfd of its first process
+    /// (readable once every process of its pid namespace is gone), the exit status from the
+    /// kernel's process events; when those cannot tell the status, it is the daemon's,
+    /// waited for as on the cold path.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn supervise_started(
         &self,
@@ -88,7 +95,8 @@ impl DockerBackend {
         name: &str,
         started: Started,
         stdin_bytes: Vec<u8>,
-    ) -> Result<RunReport, DockerError> {
+        reported: Option<ReportedEnd>,
+    ) -> Result<(RunReport, EndSource), DockerError> {
         let docker = &ready.docker;
         let Started {
             output,
@@ -110,44 +118,105 @@ impl DockerBackend {
                 let _ = input.shutdown().await;
             })))
         };
-
-        let wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
-            name,
-            Some(WaitContainerOptions {
-                condition: "not-running".to_owned(),
-            }),
-        ));
+        let clock = Supervision::of(job, started_at, DRAIN_TIMEOUT);
+        let job_output = JobOutput::new(&job.limits, tap);
+        let Some(reported) = reported else {
+            let wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
+                name,
+                Some(WaitContainerOptions {
+                    condition: "not-running".to_owned(),
+                }),
+            ));
+            let supervised = supervise(
+                clock,
+                ContainerSandbox { docker, name, wait },
+                AttachSource {
+                    output,
+                    job_id: job.id.as_str(),
+                },
+                job_output,
+            )
+            .await?;
+            tracing::debug!(job_id = %job.id, "container stopped and its output drained");
+            let ended = self
+                .ended_per_daemon(docker, name, supervised.limit_hit)
+                .await?;
+            tracing::debug!(job_id = %job.id, "container state read");
+            return Ok((
+                container_report(ended, supervised, setup, image),
+                EndSource::Engine,
+            ));
+        };
+        // The attach stream carries the message and the job's stdin only; it is held
+        // until the job's end, as on the cold path.
+        let _attached_output = output;
+        let ReportedEnd {
+            pid,
+            pidfd,
+            watch,
+            handoff,
+        } = reported;
+        let [stdout, stderr] =
+            handoff
+                .complete(pid)
+                .await
+                .map_err(|reason| DockerError::OutputHandoff {
+                    container: name.to_owned(),
+                    reason,
+                })?;
+        let receiver = |fd| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(|source| {
+                DockerError::OutputPipes {
+                    container: name.to_owned(),
+                    source,
+                }
+            })
+        };
         let supervised = supervise(
-            Supervision::of(job, started_at, DRAIN_TIMEOUT),
-            ContainerSandbox { docker, name, wait },
-            AttachSource {
-                output,
-                job_id: job.id.as_str(),
+            clock,
+            ReportedSandbox {
+                pidfd,
+                watch: &watch,
+                docker,
+                name,
             },
-            JobOutput::new(&job.limits, tap),
+            PipeSource::new(receiver(stdout)?, receiver(stderr)?),
+            job_output,
         )
         .await?;
-        tracing::debug!(job_id = %job.id, "container stopped and its output drained");
         let limit_hit = supervised.limit_hit;
-        let (termination, oom_kills) = self.ended_per_daemon(docker, name, limit_hit).await?;
-        tracing::debug!(job_id = %job.id, "container state read");
-        Ok(RunReport {
-            termination,
-            limit_hit,
-            oom_kills,
-            stdout: supervised.stdout,
-            stderr: supervised.stderr,
-            duration: supervised.duration,
-            setup,
-            cpu_time: None,
-            peak_memory_bytes: None,
-            image_digest: Some(image.digest.clone()),
-            degraded: Vec::new(),
-            out_files: Vec::new(),
-            out_rejected: Vec::new(),
-            network: None,
-            acquire: airlock_core::Acquire::Fresh,
-        })
+        let (ended, source) = match supervised.exit {
+            Some(ProcessEnd::Status(raw)) => {
+                let termination = match WaitStatus::from_raw(raw) {
+                    WaitStatus::Exited(code) => Termination::Exited(code),
+                    WaitStatus::Signaled(signal) => Termination::Signaled(signal),
+                };
+                // As for Podman above: only the kernel sends the job's pid 1 a SIGKILL that
+                // airlock did not.
+                let oom_kills = killed_by_the_kernel(termination, limit_hit);
+                ((termination, oom_kills), EndSource::Kernel)
+            }
+            other => {
+                let why = match other {
+                    Some(ProcessEnd::Unknown(why)) => why,
+                    _ => "it was not seen to end",
+                };
+                tracing::debug!(job_id = %job.id, reason = why, "the job's status comes from the daemon");
+                let mut wait = Box::pin(docker.wait_container(
+                    name,
+                    Some(WaitContainerOptions {
+                        condition: "not-running".to_owned(),
+                    }),
+                ));
+                // Bounded as the cold path's wait is after a kill: a container the daemon
+                // never reports stopped is read as it is, and removed by the teardown.
+                let _ = tokio::time::timeout(KILL_GRACE, next(&mut wait)).await;
+                let ended = self.ended_per_daemon(docker, name, limit_hit).await?;
+                (ended, EndSource::Engine)
+            }
+        };
+        tracing::debug!(job_id = %job.id, ?source, "warm container's job ended");
+        Ok((container_report(ended, supervised, setup, image), source))
     }
 
     /// How a stopped container's job ended, from its state: the exit code (a signal as
@@ -179,128 +248,6 @@ impl DockerBackend {
             oom_kills = oom_kills.max(killed_by_the_kernel(termination, limit_hit));
         }
         Ok((termination, oom_kills))
-    }
-
-    /// Runs a warm container's delivered job to its end as [`DockerBackend::supervise_started`]
-    /// does, but learns of its end without the daemon (docs/docker.md, "How a warm
-    /// container's job ends"): its output from pipes handed to its job, its end from
-    /// a pidfd of its first process (readable once every process of its pid namespace is
-    /// gone), its exit status from the kernel's process events. When the events cannot
-    /// tell the status, it is the daemon's, waited for as before.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn supervise_reported(
-        &self,
-        job: &JobSpec,
-        tap: Option<OutputTap>,
-        ready: &Ready,
-        image: &CheckedImage,
-        name: &str,
-        started: Started,
-        stdin_bytes: Vec<u8>,
-        reported: ReportedEnd,
-    ) -> Result<(RunReport, EndSource), DockerError> {
-        let docker = &ready.docker;
-        let Started {
-            output,
-            mut input,
-            started_at,
-            setup,
-            ..
-        } = started;
-        // The attach stream carries the message and the job's stdin only; it is held
-        // until the job's end, as the cold path's.
-        let _attached_output = output;
-        let _stdin_writer = AbortOnDrop(tokio::spawn(async move {
-            let _ = input.write_all(&stdin_bytes).await;
-            let _ = input.shutdown().await;
-        }));
-        let ReportedEnd {
-            pid,
-            pidfd,
-            watch,
-            handoff,
-        } = reported;
-        let [stdout, stderr] =
-            handoff
-                .complete(pid)
-                .await
-                .map_err(|reason| DockerError::OutputHandoff {
-                    container: name.to_owned(),
-                    reason,
-                })?;
-        let receiver = |fd| {
-            tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(|source| {
-                DockerError::OutputPipes {
-                    container: name.to_owned(),
-                    source,
-                }
-            })
-        };
-        let source = PipeSource::new(receiver(stdout)?, receiver(stderr)?);
-        let sandbox = ReportedSandbox {
-            pidfd,
-            watch: &watch,
-            docker,
-            name,
-        };
-        let supervised = supervise(
-            Supervision::of(job, started_at, DRAIN_TIMEOUT),
-            sandbox,
-            source,
-            JobOutput::new(&job.limits, tap),
-        )
-        .await?;
-        let limit_hit = supervised.limit_hit;
-        let (termination, oom_kills, source) = match supervised.exit {
-            Some(ProcessEnd::Status(raw)) => {
-                let termination = match WaitStatus::from_raw(raw) {
-                    WaitStatus::Exited(code) => Termination::Exited(code),
-                    WaitStatus::Signaled(signal) => Termination::Signaled(signal),
-                };
-                // As for Podman above: only the kernel sends the job's pid 1 a SIGKILL that
-                // airlock did not.
-                let oom_kills = killed_by_the_kernel(termination, limit_hit);
-                (termination, oom_kills, EndSource::Kernel)
-            }
-            other => {
-                let why = match other {
-                    Some(ProcessEnd::Unknown(why)) => why,
-                    _ => "it was not seen to end",
-                };
-                tracing::debug!(job_id = %job.id, reason = why, "the job's status comes from the daemon");
-                let mut wait = Box::pin(docker.wait_container(
-                    name,
-                    Some(WaitContainerOptions {
-                        condition: "not-running".to_owned(),
-                    }),
-                ));
-                let _ = next(&mut wait).await;
-                let (termination, oom_kills) =
-                    self.ended_per_daemon(docker, name, limit_hit).await?;
-                (termination, oom_kills, EndSource::Engine)
-            }
-        };
-        tracing::debug!(job_id = %job.id, ?source, "warm container's job ended");
-        Ok((
-            RunReport {
-                termination,
-                limit_hit,
-                oom_kills,
-                stdout: supervised.stdout,
-                stderr: supervised.stderr,
-                duration: supervised.duration,
-                setup,
-                cpu_time: None,
-                peak_memory_bytes: None,
-                image_digest: Some(image.digest.clone()),
-                degraded: Vec::new(),
-                out_files: Vec::new(),
-                out_rejected: Vec::new(),
-                network: None,
-                acquire: airlock_core::Acquire::Fresh,
-            },
-            source,
-        ))
     }
 }
 
@@ -338,6 +285,34 @@ impl Sandbox for ContainerSandbox<'_> {
             request: Box::pin(async move { kill(&docker, &name).await }),
             grace: KILL_GRACE,
         }
+    }
+}
+
+/// A container job's report: how it ended (`ended`: its termination and OOM kills), what
+/// supervision saw, its setup time and image.
+fn container_report<X>(
+    ended: (Termination, u64),
+    supervised: airlock_core::supervise::Supervised<X>,
+    setup: std::time::Duration,
+    image: &CheckedImage,
+) -> RunReport {
+    let (termination, oom_kills) = ended;
+    RunReport {
+        termination,
+        limit_hit: supervised.limit_hit,
+        oom_kills,
+        stdout: supervised.stdout,
+        stderr: supervised.stderr,
+        duration: supervised.duration,
+        setup,
+        cpu_time: None,
+        peak_memory_bytes: None,
+        image_digest: Some(image.digest.clone()),
+        degraded: Vec::new(),
+        out_files: Vec::new(),
+        out_rejected: Vec::new(),
+        network: None,
+        acquire: airlock_core::Acquire::Fresh,
     }
 }
 

@@ -15,7 +15,8 @@
 //! cold container has: the engines cannot, since runsc has no `update`), then sends the
 //! framed message and the job's stdin on the container's stdin and closes it. From there
 //! the job runs, and is supervised, measured and removed, exactly as a cold job's container
-//! (`DockerBackend::supervise_started`), its wall time counted from the delivery. The pool
+//! (`DockerBackend::supervise_started`), its wall time counted from the delivery; on
+//! Docker and Podman its output and end come without the daemon (docs/docker.md). The pool
 //! itself (hits, refills, idle lifetime, shutdown, metrics) is every backend's:
 //! [`airlock_core::warm::WarmPool`].
 
@@ -353,39 +354,27 @@ impl WarmContainers {
         };
         tracing::debug!(job_id = %job.id, sandbox = %sandbox, "job delivered to a warm container");
         let started = started.delivered(delivered_at.elapsed());
-        let ran = match reported {
-            Some(reported) => self
-                .backend
-                .supervise_reported(
-                    job,
-                    tap,
-                    ready,
-                    &image,
-                    &leftovers.name,
-                    started,
-                    stdin,
-                    reported,
-                )
-                .await
-                .map(|(report, source)| {
-                    match source {
-                        EndSource::Kernel => &self.kernel_ends,
-                        EndSource::Engine => &self.engine_ends,
-                    }
-                    .fetch_add(1, Ordering::Relaxed);
-                    report
-                }),
-            None => {
-                let ran = self
-                    .backend
-                    .supervise_started(job, tap, ready, &image, &leftovers.name, started, stdin)
-                    .await;
-                if ran.is_ok() {
-                    self.engine_ends.fetch_add(1, Ordering::Relaxed);
+        let ran = self
+            .backend
+            .supervise_started(
+                job,
+                tap,
+                ready,
+                &image,
+                &leftovers.name,
+                started,
+                stdin,
+                reported,
+            )
+            .await
+            .map(|(report, source)| {
+                match source {
+                    EndSource::Kernel => &self.kernel_ends,
+                    EndSource::Engine => &self.engine_ends,
                 }
-                ran
-            }
-        };
+                .fetch_add(1, Ordering::Relaxed);
+                report
+            });
         match ran {
             Ok(report) => Ok((report, leftovers.teardown(job.id.to_string()))),
             Err(e) => {
