@@ -27,7 +27,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A handoff under way: the listening socket and both pipes.
 pub(crate) struct OutputHandoff {
     listener: tokio::net::UnixListener,
-    path: PathBuf,
+    /// The socket's path, until it is removed.
+    path: Option<PathBuf>,
     /// Read ends, stdout's then stderr's (taken when the handoff completes).
     readers: Option<[OwnedFd; 2]>,
     /// Write ends, handed to the container.
@@ -44,22 +45,33 @@ impl OutputHandoff {
         let path = work.join(python::WARM_OUTPUT_SOCKET_NAME);
         // bind never follows a link at the last component (it fails on any existing name).
         let listener = tokio::net::UnixListener::bind(&path)?;
-        let handoff = Self {
+        // The job's uid connects; nobody else reaches the container's /work. Before anything
+        // of the job runs: nothing in the container can have replaced the name yet.
+        if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)) {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(Self {
             listener,
-            path,
+            path: Some(path),
             readers: Some([stdout_read, stderr_read]),
             writers: [stdout_write, stderr_write],
-        };
-        // The job's uid connects; nobody else reaches the container's /work.
-        std::fs::set_permissions(&handoff.path, std::fs::Permissions::from_mode(0o666))?;
-        Ok(handoff)
+        })
+    }
+
+    /// Removes the socket, once: after the handoff the name is the job's (its own file of
+    /// that name must not be removed).
+    fn remove_socket(&mut self) {
+        if let Some(path) = self.path.take() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 
     /// Waits for the container's first process (`pid`, its host pid) to connect, removes
     /// the socket, hands it the write ends, and returns the read ends.
     pub(crate) async fn complete(mut self, pid: u32) -> Result<[OwnedFd; 2], String> {
         let accepted = tokio::time::timeout(CONNECT_TIMEOUT, self.listener.accept()).await;
-        let _ = std::fs::remove_file(&self.path);
+        self.remove_socket();
         let (stream, _) = accepted
             .map_err(|_| format!("it did not connect within {CONNECT_TIMEOUT:?}"))?
             .map_err(|e| format!("accept: {e}"))?;
@@ -94,6 +106,6 @@ impl OutputHandoff {
 
 impl Drop for OutputHandoff {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.remove_socket();
     }
 }
