@@ -18,6 +18,35 @@ fn check(control: &str, status: Status, detail: impl Into<String>, fix: Option<&
     }
 }
 
+/// Where the warm containers' jobs' ends come from ([`crate::warm`], docs/docker.md "How a
+/// warm container's job ends"): the kernel's process events where this airlock has them,
+/// else the daemon's exit handling, tens of milliseconds later per job.
+fn warm_ends(flavor: Flavor) -> Check {
+    let control = format!("{}: warm containers' ends", flavor.as_str());
+    match flavor {
+        Flavor::Gvisor => check(
+            &control,
+            Status::Ok,
+            "from the daemon (a gVisor container's first process is its sandbox)",
+            None,
+        ),
+        Flavor::Docker | Flavor::Podman => match airlock_host::exits::ExitEvents::shared() {
+            Ok(_) => check(
+                &control,
+                Status::Ok,
+                "from the kernel (the first process's pidfd and the process events), without waiting for the daemon",
+                None,
+            ),
+            Err(reason) => check(
+                &control,
+                Status::Warning,
+                format!("from the daemon, each job waiting for its exit handling: {reason}"),
+                Some("run airlock as root on the host (not in another network namespace)"),
+            ),
+        },
+    }
+}
+
 /// What the `flavor` backend can do here under `policy`, one [`Check`] per item. Talks to
 /// the daemon (read-only requests: version, info, image inspect).
 pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
@@ -213,6 +242,9 @@ pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
             e.to_string(),
             None,
         )),
+    }
+    if policy.docker.warm_pool_of(flavor.kind()) > 0 {
+        checks.push(warm_ends(flavor));
     }
     match &policy.filesystem.rootfs {
         RootfsSpec::Image { reference, digest } => {
