@@ -21,6 +21,40 @@ pub fn boot_id() -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
+/// How many times the listing is asked for before the sweep gives up.
+const LIST_ATTEMPTS: u32 = 10;
+/// The pause between two attempts.
+const LIST_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Lists airlock's containers. Podman's Docker-compatible API reports a container it is
+/// cleaning up as state `stopped`, which the Engine API's schema (and so bollard) does not
+/// know: the whole listing then fails to parse. That state lasts moments, so the listing
+/// is asked for again.
+async fn list_with_retries(
+    docker: &Docker,
+    filters: HashMap<String, Vec<String>>,
+) -> Result<Vec<bollard::models::ContainerSummary>, DockerError> {
+    let mut attempt = 1;
+    loop {
+        let listed = docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters.clone()),
+                ..Default::default()
+            }))
+            .await;
+        match listed {
+            Ok(containers) => return Ok(containers),
+            Err(e @ bollard::errors::Error::JsonDataError { .. }) if attempt < LIST_ATTEMPTS => {
+                tracing::debug!(error = %e, attempt, "the container listing did not parse; asking again");
+            }
+            Err(e) => return Err(DockerError::ListContainers(e)),
+        }
+        attempt += 1;
+        tokio::time::sleep(LIST_RETRY_PAUSE).await;
+    }
+}
+
 /// Whether a container of airlock is stale: created during another boot (no airlock of
 /// then still runs), or during this boot by a job whose directory is gone or unlocked
 /// (its airlock process died). A live job holds its directory's lock from before its
@@ -72,14 +106,7 @@ pub async fn sweep(
     };
     let boot = boot_id();
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
-    let containers = docker
-        .list_containers(Some(ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        }))
-        .await
-        .map_err(DockerError::ListContainers)?;
+    let containers = list_with_retries(docker, filters).await?;
     let all_dirs: BTreeSet<String> = runtime.job_dirs().unwrap_or_default().into_iter().collect();
     let stale_dirs: BTreeSet<String> = runtime
         .stale_jobs()

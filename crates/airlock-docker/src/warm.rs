@@ -88,8 +88,8 @@ pub fn start(
                 None
             }
         },
-        // Its first process is gVisor's sandbox, and a host FIFO does not open inside it
-        // (runsc's --host-fifo is off by default): its jobs end through the daemon.
+        // Its first process is gVisor's sandbox, and a host socket does not connect from
+        // inside it (runsc's --host-uds is off by default): its jobs end through the daemon.
         Flavor::Gvisor => None,
     };
     let containers = WarmContainers {
@@ -247,16 +247,15 @@ impl WarmContainers {
                 exited.store(true, Ordering::SeqCst);
             }))
         };
+        // Where its first process cannot be held (the engine's pids are not this host's),
+        // its job ends through the daemon; one that died is found so by the daemon's wait.
         let reported = match (&self.exits, started.pid, leftovers.created_id.as_deref()) {
             (Some(_), Some(pid), Some(id)) => match container_pidfd(pid, id) {
                 Ok(pidfd) => Some(WaitingReport { pid, pidfd }),
                 Err(reason) => {
-                    let _ = leftovers.remove(None).await;
-                    tracing::debug!(container = %spec::container_name(&sandbox), %reason, "warm container lost as it started");
-                    return Err(DockerError::WarmStart {
-                        container: spec::container_name(&sandbox),
-                        reason: "stopped as soon as it started",
-                    });
+                    tracing::debug!(container = %spec::container_name(&sandbox), %reason,
+                        "its job's end will come from the daemon");
+                    None
                 }
             },
             _ => None,
@@ -293,11 +292,11 @@ impl WarmContainers {
             (Some(WaitingReport { pid, pidfd }), Some(exits)) => {
                 let watch = exits.watch(pid);
                 if has_exited(pidfd.get_ref().as_fd()) {
+                    // It died since it was found alive: the job gets a fresh container.
+                    tracing::warn!(sandbox = %sandbox,
+                        "the warm container stopped before its job came; the job runs in a fresh one");
                     let _ = leftovers.remove(None).await;
-                    return Err(DockerError::WarmStart {
-                        container: spec::container_name(&sandbox),
-                        reason: "stopped before its job came",
-                    });
+                    return self.backend.run_job_then_teardown(job, tap).await;
                 }
                 Some((pid, pidfd, watch))
             }
