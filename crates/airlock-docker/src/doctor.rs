@@ -272,3 +272,38 @@ pub async fn doctor(policy: &Policy, flavor: Flavor) -> Vec<Check> {
     }
     checks
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warm_ends_line_says_where_each_backends_ends_come_from() {
+        let gvisor = warm_ends(Flavor::Gvisor);
+        assert_eq!(gvisor.status, Status::Ok);
+        assert!(
+            gvisor.detail.starts_with("from the daemon"),
+            "{}",
+            gvisor.detail
+        );
+        for flavor in [Flavor::Docker, Flavor::Podman] {
+            let line = warm_ends(flavor);
+            assert_eq!(line.control, format!("{flavor}: warm containers' ends"));
+            match airlock_host::exits::ExitEvents::shared() {
+                Ok(_) => {
+                    assert_eq!(line.status, Status::Ok);
+                    assert!(
+                        line.detail.starts_with("from the kernel"),
+                        "{}",
+                        line.detail
+                    );
+                }
+                Err(reason) => {
+                    assert_eq!(line.status, Status::Warning);
+                    assert!(line.detail.contains(&reason), "{}", line.detail);
+                    assert!(line.fix.is_some());
+                }
+            }
+        }
+    }
+}
