@@ -2,18 +2,15 @@
 //! container as the supervision core's [`Sandbox`] (its wait stream, a kill request) and its
 //! attach stream as the core's output, then how it ended, read from its state.
 
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
-
-use std::os::fd::OwnedFd;
 
 use airlock_core::supervise::{
     Chunk, JobOutput, Kill, OutputSource, PipeSource, Sandbox, Supervision, supervise,
 };
 use airlock_core::{JobSpec, LimitHit, OutputTap, RunReport, StreamKind, Termination};
-use airlock_host::exits::{ExitWatch, ProcessEnd, WaitStatus};
-
-use crate::handoff::OutputHandoff;
+use airlock_host::exits::{ExitWatch, ProcessEnd};
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::query_parameters::WaitContainerOptions;
@@ -23,6 +20,7 @@ use tokio::io::AsyncWriteExt;
 use crate::Flavor;
 use crate::backend::{AbortOnDrop, DRAIN_TIMEOUT, DockerBackend, KILL_GRACE, Ready, engine, next};
 use crate::error::DockerError;
+use crate::handoff::OutputHandoff;
 use crate::image::CheckedImage;
 use crate::launch::Started;
 use crate::teardown::kill;
@@ -121,12 +119,7 @@ impl DockerBackend {
         let clock = Supervision::of(job, started_at, DRAIN_TIMEOUT);
         let job_output = JobOutput::new(&job.limits, tap);
         let Some(reported) = reported else {
-            let wait: Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(docker.wait_container(
-                name,
-                Some(WaitContainerOptions {
-                    condition: "not-running".to_owned(),
-                }),
-            ));
+            let wait = stopped(docker, name);
             let supervised = supervise(
                 clock,
                 ContainerSandbox { docker, name, wait },
@@ -187,10 +180,7 @@ impl DockerBackend {
         let limit_hit = supervised.limit_hit;
         let (ended, source) = match supervised.exit {
             Some(ProcessEnd::Status(raw)) => {
-                let termination = match WaitStatus::from_raw(raw) {
-                    WaitStatus::Exited(code) => Termination::Exited(code),
-                    WaitStatus::Signaled(signal) => Termination::Signaled(signal),
-                };
+                let termination = airlock_host::exits::termination(raw);
                 // As for Podman above: only the kernel sends the job's pid 1 a SIGKILL that
                 // airlock did not.
                 let oom_kills = killed_by_the_kernel(termination, limit_hit);
@@ -202,12 +192,7 @@ impl DockerBackend {
                     _ => "it was not seen to end",
                 };
                 tracing::debug!(job_id = %job.id, reason = why, "the job's status comes from the daemon");
-                let mut wait = Box::pin(docker.wait_container(
-                    name,
-                    Some(WaitContainerOptions {
-                        condition: "not-running".to_owned(),
-                    }),
-                ));
+                let mut wait = stopped(docker, name);
                 // Bounded as the cold path's wait is after a kill: a container the daemon
                 // never reports stopped is read as it is, and removed by the teardown.
                 let _ = tokio::time::timeout(KILL_GRACE, next(&mut wait)).await;
@@ -251,18 +236,31 @@ impl DockerBackend {
     }
 }
 
+/// The daemon's answer once container `name` is no longer running (what a job's end
+/// waits for on the daemon's path, and a waiting warm container is watched with).
+pub(crate) type StoppedStream = Pin<
+    Box<
+        dyn Stream<Item = Result<bollard::models::ContainerWaitResponse, bollard::errors::Error>>
+            + Send,
+    >,
+>;
+
+/// [`StoppedStream`] of container `name`.
+pub(crate) fn stopped(docker: &Docker, name: &str) -> StoppedStream {
+    Box::pin(docker.wait_container(
+        name,
+        Some(WaitContainerOptions {
+            condition: "not-running".to_owned(),
+        }),
+    ))
+}
+
 /// A container as the supervision core sees it: it ends when the daemon's wait stream
 /// says it stopped, and is killed with a kill request.
 struct ContainerSandbox<'a> {
     docker: &'a Docker,
     name: &'a str,
-    wait: Pin<
-        Box<
-            dyn Stream<
-                    Item = Result<bollard::models::ContainerWaitResponse, bollard::errors::Error>,
-                > + Send,
-        >,
-    >,
+    wait: StoppedStream,
 }
 
 impl Sandbox for ContainerSandbox<'_> {

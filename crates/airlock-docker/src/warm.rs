@@ -34,7 +34,6 @@ use airlock_core::{
 };
 use airlock_host::exits::ExitEvents;
 use airlock_host::jobdir::{JobDir, WorkBacking};
-use bollard::query_parameters::WaitContainerOptions;
 use tokio::io::unix::AsyncFd;
 
 use crate::Flavor;
@@ -44,7 +43,7 @@ use crate::handoff::OutputHandoff;
 use crate::image::CheckedImage;
 use crate::launch::{ContainerFiles, Started};
 use crate::spec;
-use crate::supervise::{EndSource, ReportedEnd};
+use crate::supervise::{EndSource, ReportedEnd, stopped};
 use crate::teardown::Leftovers;
 
 /// A container backend with a pool of warm containers for one language's jobs.
@@ -140,11 +139,19 @@ pub struct WaitingContainer {
     /// The container, its v1 memory group and its job directory; the guard in it removes
     /// the container if this is dropped.
     leftovers: Leftovers,
-    /// Set once the daemon reports the container stopped.
-    exited: Arc<AtomicBool>,
-    _watch: AbortOnDrop,
-    /// Its first process, when its job's end comes from the kernel.
-    reported: Option<WaitingReport>,
+    /// How it is known to be still alive, and so how its job's end will be learned.
+    liveness: Liveness,
+}
+
+/// How a waiting container is known to be alive.
+enum Liveness {
+    /// Its first process, held by a pidfd: its job's end comes from the kernel.
+    Pidfd(WaitingReport),
+    /// The daemon's wait, in a task: `exited` is set once the daemon reports it stopped.
+    Daemon {
+        exited: Arc<AtomicBool>,
+        _watch: AbortOnDrop,
+    },
 }
 
 /// A waiting container's side of [`ReportedEnd`]: the watch and the output's handoff
@@ -229,45 +236,42 @@ impl WarmContainers {
                 return Err(e);
             }
         };
-        // The daemon says when the container stops: one that dies while it waits is
-        // discarded, never handed a job.
-        let exited = Arc::new(AtomicBool::new(false));
-        let watch = {
-            let docker = ready.docker.clone();
-            let name = leftovers.name.clone();
-            let exited = exited.clone();
-            AbortOnDrop(tokio::spawn(async move {
-                let mut wait = Box::pin(docker.wait_container(
-                    &name,
-                    Some(WaitContainerOptions {
-                        condition: "not-running".to_owned(),
-                    }),
-                ));
-                let _ = next(&mut wait).await;
-                exited.store(true, Ordering::SeqCst);
-            }))
-        };
-        // Where its first process cannot be held (the engine's pids are not this host's),
-        // its job ends through the daemon; one that died is found so by the daemon's wait.
-        let reported = match (&self.exits, started.pid, leftovers.created_id.as_deref()) {
-            (Some(_), Some(pid), Some(id)) => match container_pidfd(pid, id) {
-                Ok(pidfd) => Some(WaitingReport { pid, pidfd }),
-                Err(reason) => {
-                    tracing::debug!(container = %spec::container_name(&sandbox), %reason,
+        // Its first process held by a pidfd, its job's end then the kernel's to tell; else
+        // (no process events here, or the engine's pids are not this host's) the daemon
+        // says when it stops. Either way one that dies while it waits is discarded, never
+        // handed a job.
+        let held = match (&self.exits, started.pid, leftovers.created_id.as_deref()) {
+            (Some(_), Some(pid), Some(id)) => container_pidfd(pid, id)
+                .map_err(|reason| {
+                    tracing::debug!(container = %leftovers.name, %reason,
                         "its job's end will come from the daemon");
-                    None
-                }
-            },
+                })
+                .ok()
+                .map(|pidfd| WaitingReport { pid, pidfd }),
             _ => None,
+        };
+        let liveness = match held {
+            Some(report) => Liveness::Pidfd(report),
+            None => {
+                let exited = Arc::new(AtomicBool::new(false));
+                let mut wait = stopped(&ready.docker, &leftovers.name);
+                let flag = exited.clone();
+                let watch = AbortOnDrop(tokio::spawn(async move {
+                    let _ = next(&mut wait).await;
+                    flag.store(true, Ordering::SeqCst);
+                }));
+                Liveness::Daemon {
+                    exited,
+                    _watch: watch,
+                }
+            }
         };
         Ok(WaitingContainer {
             sandbox,
             started,
             image,
             leftovers,
-            exited,
-            _watch: watch,
-            reported,
+            liveness,
         })
     }
 
@@ -284,12 +288,12 @@ impl WarmContainers {
             started,
             image,
             leftovers,
-            reported,
+            liveness,
             ..
         } = warm;
         // Watched from before its job can run: its exit cannot come earlier.
-        let watched = match (reported, &self.exits) {
-            (Some(WaitingReport { pid, pidfd }), Some(exits)) => {
+        let watched = match (liveness, &self.exits) {
+            (Liveness::Pidfd(WaitingReport { pid, pidfd }), Some(exits)) => {
                 let watch = exits.watch(pid);
                 if has_exited(pidfd.get_ref().as_fd()) {
                     // It died since it was found alive: the job gets a fresh container.
@@ -451,11 +455,10 @@ impl WarmSandboxes for WarmContainers {
     }
 
     fn is_alive(&self, warm: &mut WaitingContainer) -> bool {
-        !warm.exited.load(Ordering::SeqCst)
-            && warm
-                .reported
-                .as_ref()
-                .is_none_or(|r| !has_exited(r.pidfd.get_ref().as_fd()))
+        match &warm.liveness {
+            Liveness::Pidfd(report) => !has_exited(report.pidfd.get_ref().as_fd()),
+            Liveness::Daemon { exited, .. } => !exited.load(Ordering::SeqCst),
+        }
     }
 
     fn add_stats(&self, stats: &mut WarmPoolStats) {

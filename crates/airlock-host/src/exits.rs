@@ -25,6 +25,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use airlock_core::Termination;
 use rustix::io::Errno;
 use rustix::net::netlink::SocketAddrNetlink;
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketType, sockopt};
@@ -34,9 +35,9 @@ use tokio::sync::Notify;
 /// the index is also the multicast group.
 const CN_IDX_PROC: u32 = 1;
 const CN_VAL_PROC: u32 = 1;
-/// `PROC_CN_MCAST_LISTEN` and `PROC_CN_MCAST_IGNORE`.
+/// `PROC_CN_MCAST_LISTEN`. The subscription lasts as long as the process (it is
+/// [`ExitEvents::shared`]), so it is never dropped.
 const MCAST_LISTEN: u32 = 1;
-const MCAST_IGNORE: u32 = 2;
 /// `NLMSG_DONE`: every connector message is one.
 const NLMSG_DONE: u16 = 3;
 /// `struct proc_event`'s `what`.
@@ -62,22 +63,12 @@ pub enum ProcessEnd {
     Unknown(&'static str),
 }
 
-/// The wait status's two cases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitStatus {
-    /// It exited with this code.
-    Exited(i32),
-    /// A signal ended it.
-    Signaled(i32),
-}
-
-impl WaitStatus {
-    /// Decodes a raw wait status (`WIFEXITED`/`WTERMSIG`).
-    pub fn from_raw(status: i32) -> Self {
-        match status & 0x7f {
-            0 => WaitStatus::Exited((status >> 8) & 0xff),
-            signal => WaitStatus::Signaled(signal),
-        }
+/// How a process with wait status `status` ended (`WIFEXITED`/`WTERMSIG`), as a backend
+/// reports it.
+pub fn termination(status: i32) -> Termination {
+    match status & 0x7f {
+        0 => Termination::Exited((status >> 8) & 0xff),
+        signal => Termination::Signaled(signal),
     }
 }
 
@@ -135,7 +126,7 @@ impl ExitEvents {
         let events = Arc::new(ExitEvents {
             table: Mutex::new(Table::default()),
         });
-        let reader = Arc::downgrade(&events);
+        let reader = events.clone();
         std::thread::Builder::new()
             .name("airlock-exits".into())
             .spawn(move || read_events(&socket, &reader))
@@ -245,7 +236,7 @@ impl ExitWatch {
     }
 
     /// What is known of its end now.
-    pub fn end(&self) -> Option<ProcessEnd> {
+    fn end(&self) -> Option<ProcessEnd> {
         let table = self.events.table();
         let watched = table.watched.get(&self.pid)?;
         if watched.lost {
@@ -285,11 +276,7 @@ enum Event {
 impl Event {
     /// One netlink message of the connector; `None` for anything else.
     fn parse(message: &[u8]) -> Option<Event> {
-        let u32_at = |at: usize| {
-            message
-                .get(at..at + 4)
-                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        };
+        let u32_at = |at| u32_at(message, at);
         if u32_at(CN_MSG_AT)? != CN_IDX_PROC || u32_at(CN_MSG_AT + 4)? != CN_VAL_PROC {
             return None;
         }
@@ -308,13 +295,17 @@ impl Event {
     }
 }
 
+/// The native-endian word at `at` of a message.
+fn u32_at(message: &[u8], at: usize) -> Option<u32> {
+    let bytes = message.get(at..at.checked_add(4)?)?;
+    Some(u32::from_ne_bytes(bytes.try_into().ok()?))
+}
+
 /// The netlink messages of one datagram.
 fn messages(datagram: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut rest = datagram;
     std::iter::from_fn(move || {
-        let length = rest
-            .get(0..4)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))? as usize;
+        let length = u32_at(rest, 0)? as usize;
         if length < 16 || length > rest.len() {
             return None;
         }
@@ -369,11 +360,7 @@ fn wait_for_ack(socket: &OwnedFd) -> Result<(), String> {
             Err(e) => return Err(format!("read the process-events socket: {e}")),
         };
         for message in messages(&buffer[..n]) {
-            let u32_at = |at: usize| {
-                message
-                    .get(at..at + 4)
-                    .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            };
+            let u32_at = |at| u32_at(message, at);
             if u32_at(CN_MSG_AT) == Some(CN_IDX_PROC) && u32_at(EVENT_AT) == Some(PROC_EVENT_NONE) {
                 return match u32_at(DATA_AT) {
                     Some(0) => sockopt::set_socket_timeout(socket, sockopt::Timeout::Recv, None)
@@ -392,16 +379,11 @@ fn wait_for_ack(socket: &OwnedFd) -> Result<(), String> {
     ))
 }
 
-/// The socket's reader: applies every event until the last [`ExitEvents`] is gone.
-fn read_events(socket: &OwnedFd, events: &std::sync::Weak<ExitEvents>) {
+/// The socket's reader: applies every event, for the life of the process.
+fn read_events(socket: &OwnedFd, events: &ExitEvents) {
     let mut buffer = vec![0u8; 64 << 10];
     loop {
-        let result = rustix::net::recv(socket, &mut buffer[..], RecvFlags::empty());
-        let Some(events) = events.upgrade() else {
-            let _ = send_op(socket, MCAST_IGNORE);
-            return;
-        };
-        match result {
+        match rustix::net::recv(socket, &mut buffer[..], RecvFlags::empty()) {
             Ok((n, _)) => {
                 for message in messages(&buffer[..n]) {
                     if message.get(4..6) == Some(&NLMSG_DONE.to_ne_bytes()[..]) {
@@ -473,30 +455,23 @@ mod tests {
         ]
         .concat();
         assert_eq!(messages(&two).count(), 2);
-        assert_eq!(WaitStatus::from_raw(0x300), WaitStatus::Exited(3));
-        assert_eq!(WaitStatus::from_raw(9), WaitStatus::Signaled(9));
-        assert_eq!(WaitStatus::from_raw(0x80 | 11), WaitStatus::Signaled(11));
+        assert_eq!(termination(0x300), Termination::Exited(3));
+        assert_eq!(termination(9), Termination::Signaled(9));
+        assert_eq!(termination(0x80 | 11), Termination::Signaled(11));
     }
 
-    /// The events, or the reason this host has none for this test (not root, or the
-    /// kernel's connector missing): a skip that `AIRLOCK_REQUIRE_ALL=1` turns into a failure.
-    fn events_or_skip() -> Option<Arc<ExitEvents>> {
-        match ExitEvents::shared() {
-            Ok(events) => Some(events),
-            Err(reason) => {
-                assert!(
-                    std::env::var_os("AIRLOCK_REQUIRE_ALL").is_none(),
-                    "process events required: {reason}"
-                );
-                eprintln!("skipped: {reason}");
-                None
-            }
-        }
+    /// Skips the calling test (through the testkit: logged, and failed under
+    /// `AIRLOCK_REQUIRE_ALL=1`) where this host gives airlock no process events.
+    macro_rules! require_events {
+        () => {
+            let shared = ExitEvents::shared();
+            airlock_testkit::require!(shared.is_ok(), shared.err().unwrap_or_default());
+        };
     }
 
     /// Runs `program` in python3 after it reads a line, watched from before that line.
     async fn watched_end(program: &str) -> (ProcessEnd, std::process::ExitStatus) {
-        let events = events_or_skip().expect("checked by the caller");
+        let events = ExitEvents::shared().expect("checked by the caller (require_events)");
         let mut child = Command::new("python3")
             .args([
                 "-c",
@@ -515,32 +490,28 @@ mod tests {
 
     #[tokio::test]
     async fn a_single_threaded_processes_status_is_the_one_its_parent_reaps() {
-        if events_or_skip().is_none() {
-            return;
-        }
+        require_events!();
         use std::os::unix::process::ExitStatusExt;
         for (program, expected) in [
-            ("sys.exit(3)", WaitStatus::Exited(3)),
-            ("pass", WaitStatus::Exited(0)),
+            ("sys.exit(3)", Termination::Exited(3)),
+            ("pass", Termination::Exited(0)),
             (
                 "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
-                WaitStatus::Signaled(9),
+                Termination::Signaled(9),
             ),
         ] {
             let (end, reaped) = watched_end(program).await;
             let ProcessEnd::Status(status) = end else {
                 panic!("{program}: {end:?}");
             };
-            assert_eq!(WaitStatus::from_raw(status), expected, "{program}");
+            assert_eq!(termination(status), expected, "{program}");
             assert_eq!(status, reaped.into_raw(), "{program}");
         }
     }
 
     #[tokio::test]
     async fn a_process_with_another_thread_gets_no_status_from_its_events() {
-        if events_or_skip().is_none() {
-            return;
-        }
+        require_events!();
         // The leader exits on its own (SYS_exit, 60 on x86-64, 93 on arm64), leaving a
         // thread that ends the process with another status: the leader's exit code is not
         // what the parent reaps.

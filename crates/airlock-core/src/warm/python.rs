@@ -12,16 +12,17 @@ use crate::policy::{FilesystemPolicy, NetworkMode, WorkdirMode};
 ///
 /// It reads one framed message ([`control_message`]): 16 hex digits giving the length of
 /// the rest, then the stdin mode byte, then the output byte, then the job's `argv` (script
-/// path first, NUL-separated). It reads exactly that much, so what follows on the same descriptor (a
-/// container's stdin, which carries the message) is left for the job; end-of-file before
-/// a whole message (the pool shutting down) exits 0 quietly. A descriptor other than 0 is
-/// closed; with mode `r` or `w` descriptor 0 is replaced by `/dev/null` opened read-only
+/// path first, NUL-separated). It reads exactly that much, so what follows on the same
+/// descriptor (a container's stdin, which carries the message) is left for the job;
+/// end-of-file before a whole message (the pool shutting down) exits 0 quietly. A
+/// descriptor other than 0 is closed; with mode `r` or `w` descriptor 0 is replaced by `/dev/null` opened read-only
 /// or read-write, which is what a fresh sandbox or container without stdin has there. With
 /// output byte `o`, descriptors 1 and 2 become the write ends of two pipes the host hands
 /// over on the socket [`WARM_OUTPUT_SOCKET`] (a warm container whose output the host reads
-/// itself, not through its engine: docs/docker.md); with `-` they stay. It then makes `__main__` look as it does for a script (its namespace emptied but for
-/// `__builtins__`) and runs the script there. An uncaught exception is printed without the
-/// bootstrap's own frame and exits 1, as for a script; `SystemExit` passes through.
+/// itself, not through its engine: docs/docker.md); with `-` they stay. It then makes
+/// `__main__` look as it does for a script (its namespace emptied but for `__builtins__`)
+/// and runs the script there. An uncaught exception is printed without the bootstrap's
+/// own frame and exits 1, as for a script; `SystemExit` passes through.
 /// Everything it names is local, so nothing of it is left in `__main__`. A zygote's child
 /// (`forked`) ends as interpreter shutdown would for the job, without tearing down what it
 /// shares with the zygote (docs/speed.md).
